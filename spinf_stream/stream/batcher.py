@@ -1,0 +1,152 @@
+"""Micro-batcher: group prepared messages into engine batches.
+
+A batch *closes* when adding the next message would take its packed tokens past the token budget,
+when its tokens reach the budget, or when it holds ``max_messages``. An open batch is *handed out*
+once the latency window has passed since its first message — but only when the engine asks for
+work, so while the engine is busy the open batch keeps filling (up to budget or cap), and a free
+engine never waits longer than the window. A message larger than the budget gets a batch of its own
+(the engine spreads its branches over several passes).
+
+The bookkeeping (:meth:`Batcher.add`, :meth:`Batcher.take`) is pure and takes ``now`` explicitly;
+:meth:`Batcher.next_batch` is the asyncio wrapper the service awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Batch(Generic[T]):
+    items: list[T] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # tokens of each item
+    tokens: int = 0
+    opened_at: float = 0.0
+
+
+class Batcher(Generic[T]):
+    """Batches of items with token counts.
+
+    Args:
+        token_budget: tokens per forward pass (the engine's budget).
+        max_messages: most items in a batch.
+        window_s: latency window in seconds (0 = hand out as soon as asked).
+        clock: monotonic clock in seconds (injected by tests).
+    """
+
+    def __init__(
+        self,
+        token_budget: int,
+        max_messages: int,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if token_budget < 1 or max_messages < 1 or window_s < 0:
+            raise ValueError("token_budget and max_messages must be >= 1, window_s >= 0")
+        self.token_budget = token_budget
+        self.max_messages = max_messages
+        self.window_s = window_s
+        self._clock = clock
+        self._closed: deque[_Batch[T]] = deque()
+        self._open: _Batch[T] | None = None
+        self._draining = False
+        self._changed = asyncio.Event()  # set on every change; next_batch waits on it
+
+    # -- pure bookkeeping ---------------------------------------------------------------------
+
+    def add(self, item: T, n_tokens: int, now: float | None = None) -> None:
+        """Append ``item`` (``n_tokens`` packed tokens) to the open batch, closing batches as needed."""
+        now = self._clock() if now is None else now
+        b = self._open
+        if b is not None and b.items and b.tokens + n_tokens > self.token_budget:
+            self._close()
+            b = None
+        if b is None:
+            b = self._open = _Batch(opened_at=now)
+        b.items.append(item)
+        b.sizes.append(n_tokens)
+        b.tokens += n_tokens
+        if b.tokens >= self.token_budget or len(b.items) >= self.max_messages:
+            self._close()
+        self._notify()
+
+    def _close(self) -> None:
+        if self._open is not None and self._open.items:
+            self._closed.append(self._open)
+        self._open = None
+
+    def take(self, now: float | None = None) -> list[T] | None:
+        """The next batch to run, or ``None`` if none is ready (closed, or open past its window)."""
+        now = self._clock() if now is None else now
+        if not self._closed and self._open is not None:
+            if self._draining or now - self._open.opened_at >= self.window_s:
+                self._close()
+        if self._closed:
+            return self._closed.popleft().items
+        return None
+
+    def seconds_until_ready(self, now: float | None = None) -> float | None:
+        """0 if :meth:`take` would return a batch, the wait until the open batch's window ends,
+        or ``None`` when nothing is waiting."""
+        now = self._clock() if now is None else now
+        if self._closed:
+            return 0.0
+        if self._open is None:
+            return None
+        if self._draining:
+            return 0.0
+        return max(0.0, self._open.opened_at + self.window_s - now)
+
+    def drain(self) -> None:
+        """From now on hand out the open batch without waiting for its window (shutdown)."""
+        self._draining = True
+        self._notify()
+
+    def discard(self, predicate: Callable[[T], bool]) -> list[T]:
+        """Remove and return every waiting item for which ``predicate`` is true (revoked partitions)."""
+        dropped: list[T] = []
+        batches = list(self._closed) + ([self._open] if self._open is not None else [])
+        for b in batches:
+            flags = [predicate(it) for it in b.items]
+            if any(flags):
+                dropped.extend(it for it, f in zip(b.items, flags) if f)
+                b.sizes = [n for n, f in zip(b.sizes, flags) if not f]
+                b.items = [it for it, f in zip(b.items, flags) if not f]
+                b.tokens = sum(b.sizes)
+        self._closed = deque(b for b in self._closed if b.items)
+        if self._open is not None and not self._open.items:
+            self._open = None
+        return dropped
+
+    def __len__(self) -> int:
+        """Items waiting (closed and open batches)."""
+        return sum(len(b.items) for b in self._closed) + (len(self._open.items) if self._open else 0)
+
+    @property
+    def batches_ready(self) -> int:
+        return len(self._closed)
+
+    # -- asyncio ------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+
+    async def next_batch(self) -> list[T]:
+        """Wait for and return the next batch (see the module docstring for when one is ready)."""
+        while True:
+            batch = self.take()
+            if batch is not None:
+                return batch
+            self._changed.clear()
+            wait = self.seconds_until_ready()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=wait)
+            except TimeoutError:
+                pass

@@ -1,0 +1,77 @@
+"""The stream's subcommands of ``spinf-stream`` as pydantic-settings models (``cli_cmd`` runs one).
+
+``spinf_stream.cli`` mounts them as ``run``, ``dev``, ``produce`` and ``consume``; each can also be
+run alone with ``pydantic_settings.CliApp.run(RunCommand)``. Each ``cli_cmd`` ends the process
+with its exit code (``SystemExit``) when that code is not 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from spinf_stream.config import ConsumeSettings, DevSettings, ProduceSettings, RunSettings
+
+
+def _exit(code: int) -> None:
+    if code:
+        raise SystemExit(code)
+
+
+class RunCommand(RunSettings):
+    """Score Kafka topics: every input record gets a score record (output topic) or a dead-letter
+    record (DLQ topic); offsets are committed once those are acknowledged. SIGTERM/SIGINT drain,
+    write, commit and exit 0."""
+
+    def cli_cmd(self) -> None:
+        from spinf_stream.stream.app import run_scorer
+
+        _exit(run_scorer(self))
+
+
+class DevCommand(DevSettings):
+    """Run the scorer on an embedded Kafka-compatible broker (Tansu, memory storage, loopback):
+    creates the topics, optionally publishes --input, prints the records it writes."""
+
+    def cli_cmd(self) -> None:
+        from spinf_stream.stream.dev import run_dev
+
+        _exit(run_dev(self))
+
+
+class ProduceCommand(ProduceSettings):
+    """Publish a JSON-lines file (or stdin) to a topic, one record per line."""
+
+    def cli_cmd(self) -> None:
+        from spinf_stream.stream.produce import lines_of, produce_lines
+
+        if self.input == "-":
+            lines = lines_of(sys.stdin.buffer)
+        else:
+            with open(self.input, "rb") as f:
+                lines = lines_of(f)
+        metas = asyncio.run(produce_lines(self.client_kwargs(), self.topic, lines, key_field=self.key_field))
+        print(f"published {len(metas)} records to {self.topic}", file=sys.stderr)
+
+
+class ConsumeCommand(ConsumeSettings):
+    """Print a topic's records (from the beginning) to stdout as JSON lines."""
+
+    def cli_cmd(self) -> None:
+        from spinf_stream.stream.consume import format_record, read_topics
+
+        async def main() -> int:
+            n = 0
+            async for rec in read_topics(
+                self.client_kwargs(), [self.topic], max_records=self.max, idle_timeout_s=self.timeout_s
+            ):
+                sys.stdout.buffer.write(format_record(rec, with_metadata=self.with_metadata) + b"\n")
+                sys.stdout.flush()
+                n += 1
+            return n
+
+        try:
+            n = asyncio.run(main())
+        except KeyboardInterrupt:
+            return
+        print(f"read {n} records from {self.topic}", file=sys.stderr)

@@ -1,0 +1,144 @@
+"""The stream's one narrow interface to the engine, and the policies it applies around it.
+
+The service needs an object with ``prepare``/``run``/``model_name``/``pack`` (:class:`Scorer`);
+:class:`spinf_stream.engine.Engine` is one, tests may pass another. This module never touches
+tensors: it calls the two methods, reads ``n_tokens`` and tells records apart from errors.
+
+Both helpers here are blocking; the service calls them in worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from spinf_stream.records import ErrorInfo, ErrorRecord
+from spinf_stream.stream.codec import TEXT_FIELD
+from spinf_stream.stream.records import Truncation
+
+log = logging.getLogger(__name__)
+
+
+class PackInfo(Protocol):
+    name: str
+    version: str
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """What the stream needs from the engine (``spinf_stream.engine.Engine`` satisfies it).
+
+    ``prepare(messages)`` tokenizes (cheap, thread-safe) and returns, per message, a prepared item
+    with ``n_tokens`` (tokens it adds to a forward pass) or an ``ErrorRecord``.
+    ``run(prepared)`` runs the forward passes (blocking) and returns, in order, a ``ScoreRecord``
+    or an ``ErrorRecord`` per item.
+    """
+
+    model_name: str
+    pack: Any  # has .name and .version
+
+    def prepare(self, messages: Sequence[Any]) -> list[Any]: ...
+
+    def run(self, prepared: Sequence[Any]) -> list[Any]: ...
+
+
+MessageFactory = Callable[[str, dict[str, Any]], Any]
+
+
+def engine_message_factory() -> MessageFactory:
+    """``(id, fields) -> spinf_stream.engine.Message`` (imported on first use: it pulls in torch)."""
+    from spinf_stream.engine import Message
+
+    def make(message_id: str, fields: dict[str, Any]) -> Any:
+        return Message(id=message_id, fields=fields)
+
+    return make
+
+
+def is_error(item: Any) -> bool:
+    return isinstance(item, ErrorRecord)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One message's outcome of :func:`prepare_messages`: a prepared item or an error record,
+    and the truncation that was applied (``--too-long truncate``)."""
+
+    item: Any
+    truncated: Truncation | None = None
+
+
+def prepare_messages(
+    scorer: Scorer,
+    make_message: MessageFactory,
+    messages: Sequence[tuple[str, dict[str, Any]]],
+    too_long: Literal["truncate", "reject"],
+) -> list[Prepared]:
+    """``scorer.prepare`` with the over-long policy applied. Blocking (tokenization).
+
+    With ``truncate``, a message the engine rejects as ``too_long`` is retried with its ``text``
+    field cut to the longest prefix (in characters, found by bisection) that the engine accepts.
+    """
+    items = scorer.prepare([make_message(i, f) for i, f in messages])
+    if len(items) != len(messages):
+        raise RuntimeError(f"engine.prepare returned {len(items)} items for {len(messages)} messages")
+    out = [Prepared(item) for item in items]
+    if too_long != "truncate":
+        return out
+    for k, (p, (message_id, fields)) in enumerate(zip(out, messages)):
+        if is_error(p.item) and p.item.error.kind == "too_long":
+            out[k] = _truncate_to_fit(scorer, make_message, message_id, fields, p)
+    return out
+
+
+def _truncate_to_fit(
+    scorer: Scorer, make_message: MessageFactory, message_id: str, fields: dict[str, Any], rejected: Prepared
+) -> Prepared:
+    text = fields.get(TEXT_FIELD)
+    if not isinstance(text, str) or len(text) < 2:
+        return rejected
+
+    def attempt(n_chars: int) -> Any:
+        return scorer.prepare([make_message(message_id, {**fields, TEXT_FIELD: text[:n_chars]})])[0]
+
+    best: tuple[int, Any] | None = None
+    lo, hi = 1, len(text) - 1
+    while lo <= hi:  # largest prefix the engine accepts; acceptance is monotone in the length
+        mid = (lo + hi) // 2
+        item = attempt(mid)
+        if is_error(item):
+            hi = mid - 1
+        else:
+            best = (mid, item)
+            lo = mid + 1
+    if best is None:
+        return rejected
+    kept, item = best
+    return Prepared(item, Truncation(field=TEXT_FIELD, original_chars=len(text), kept_chars=kept))
+
+
+def run_isolating(scorer: Scorer, prepared: Sequence[Any]) -> list[Any]:
+    """``scorer.run(prepared)``; if it raises, run the items one by one so that one message the
+    engine cannot handle fails alone (as an ``engine_error`` record) instead of its whole batch.
+    Blocking (forward passes)."""
+    try:
+        records = scorer.run(list(prepared))
+        if len(records) != len(prepared):
+            raise RuntimeError(f"engine.run returned {len(records)} records for {len(prepared)} items")
+        return records
+    except Exception as exc:
+        if len(prepared) == 1:
+            log.exception("engine failed on one message")
+            return [
+                ErrorRecord(
+                    id=getattr(prepared[0], "id", None),
+                    error=ErrorInfo(kind="engine_error", message=f"{type(exc).__name__}: {exc}"[:1000]),
+                )
+            ]
+        log.warning("engine failed on a batch of %d (%s); retrying one by one", len(prepared), type(exc).__name__)
+        out: list[Any] = []
+        for item in prepared:
+            out.extend(run_isolating(scorer, [item]))
+        return out

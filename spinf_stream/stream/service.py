@@ -1,0 +1,592 @@
+"""The scoring service: consume → decode → prepare → micro-batch → engine → produce → commit.
+
+One asyncio task polls the consumer without pause — also while the engine runs and while the
+partitions are paused for backpressure — so the member never misses ``max.poll.interval.ms`` and
+never leaves its group because a batch is slow. The engine runs in its own thread; tokenization
+(``prepare``) in another, so the next batch is fetched and tokenized while the current one runs.
+
+Delivery (at-least-once):
+
+- every consumed record gets exactly one written record: a score on the output topic or a
+  dead-letter record; they are written in input order per partition (a per-partition queue releases
+  a record only when all earlier ones of its partition are released), keyed like the input;
+- a partition's offset is committed only up to its highest contiguous offset whose written record
+  the broker acknowledged (:mod:`spinf_stream.stream.offsets`);
+- on a rebalance, in-flight work of revoked partitions is finished (up to a grace period) or
+  dropped, and what was acknowledged is committed, before the partitions move;
+- :meth:`ScoringService.stop` (SIGTERM/SIGINT) drains: no new records, the open batch runs at
+  once, everything is written and acknowledged, offsets are committed, the clients close.
+
+A failure to write (the producer gives up) stops the service with an error and commits nothing past
+the failed record; a restart rescores from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from spinf_stream.config import RunSettings
+from spinf_stream.stream.batcher import Batcher
+from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
+from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
+from spinf_stream.stream.offsets import PartitionOffsets
+from spinf_stream.stream.records import Source
+from spinf_stream.stream.scorer import (
+    MessageFactory,
+    Prepared,
+    Scorer,
+    engine_message_factory,
+    is_error,
+    prepare_messages,
+    run_isolating,
+)
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 100
+PREPARE_CHUNK = 128  # messages tokenized per call to Engine.prepare
+
+
+class ProduceFailed(RuntimeError):
+    """The producer could not write a record (after its retries); the service stops."""
+
+
+@dataclass(eq=False, slots=True)
+class _Outgoing:
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(eq=False, slots=True)
+class _Slot:
+    """One consumed record on its way through the service."""
+
+    record: Any  # aiokafka ConsumerRecord
+    part: _Partition
+    message_id: str | None = None
+    truncated: Any = None
+    out: _Outgoing | None = None
+
+
+@dataclass(eq=False)
+class _Partition:
+    """What this member holds for one assigned partition (replaced if it is assigned again)."""
+
+    tp: TopicPartition
+    offsets: PartitionOffsets = field(default_factory=PartitionOffsets)
+    queue: deque[_Slot] = field(default_factory=deque)  # consumed, not yet released for writing
+    revoked: bool = False
+
+
+@dataclass
+class ServiceStats:
+    """Counters for logs, tests and benchmarks (no content)."""
+
+    consumed: int = 0
+    scored: int = 0
+    dead_lettered: int = 0
+    acked: int = 0
+    batches: int = 0
+    batch_messages: int = 0
+    commits: int = 0
+    rebalances: int = 0
+    dropped_on_revoke: int = 0
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
+    assignment: set[TopicPartition] = field(default_factory=set)
+    first_consumed_at: float | None = None  # time.monotonic() of the first consumed record
+    last_acked_at: float | None = None  # time.monotonic() of the latest acknowledgement
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, service: ScoringService) -> None:
+        self._service = service
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._service._settle(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._service._on_assigned(set(assigned))
+
+
+class ScoringService:
+    """Scores the input topics of ``settings`` with ``scorer`` until :meth:`stop` (or a failure).
+
+    Args:
+        settings: topics, group, batching and Kafka client settings.
+        scorer: the engine (see :class:`spinf_stream.stream.scorer.Scorer`).
+        make_message: ``(id, fields) -> message`` for ``scorer.prepare``; default: the engine's
+            ``Message``.
+        settle_timeout_s: on a rebalance, how long to wait for in-flight work of revoked
+            partitions to be written before dropping it (default: a quarter of
+            ``max_poll_interval_ms``, at most 30 s).
+    """
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        scorer: Scorer,
+        *,
+        make_message: MessageFactory | None = None,
+        settle_timeout_s: float | None = None,
+    ) -> None:
+        self.settings = settings
+        self.scorer = scorer
+        self._make_message = make_message
+        self.stats = ServiceStats()
+        self._settle_timeout_s = (
+            settle_timeout_s if settle_timeout_s is not None else min(30.0, settings.max_poll_interval_ms / 4000)
+        )
+        self._pack = (str(scorer.pack.name), str(scorer.pack.version))
+        self._model = str(scorer.model_name)
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._batcher: Batcher[tuple[_Slot, Any]] = Batcher(
+            settings.token_budget, settings.max_batch_messages, settings.window_ms / 1000
+        )
+        self._send_queue: asyncio.Queue[_Slot] = asyncio.Queue()
+        self._progress = asyncio.Event()  # set whenever a record is acknowledged or fails
+        self._stop_requested = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._paused = False
+        self._ingesting = 0
+        self._out_partitions: dict[str, list[int]] = {}
+        self.assigned = asyncio.Event()  # set on the first assignment (tests, dev)
+        self.drained = False  # after run(): everything consumed was written before the stop
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="spinf-engine")
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="spinf-prepare")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask for a graceful stop (drain, write, commit, close). Safe from a signal handler."""
+        if not self._stop_requested.is_set():
+            log.info("stop requested: draining")
+        self._stop_requested.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop_requested.is_set()
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        return self._consumer
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` has drained everything, or raise on a failure."""
+        s = self.settings
+        if self._make_message is None:
+            self._make_message = engine_message_factory()
+        kafka = s.client_kwargs()
+        self._producer = AIOKafkaProducer(
+            **kafka,
+            acks="all",
+            enable_idempotence=s.enable_idempotence,
+            linger_ms=5,
+        )
+        self._consumer = AIOKafkaConsumer(
+            **kafka,
+            group_id=s.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=s.auto_offset_reset,
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            max_poll_interval_ms=s.max_poll_interval_ms,
+            rebalance_timeout_ms=s.max_poll_interval_ms,
+        )
+        await self._producer.start()
+        tasks: list[asyncio.Task[None]] = []
+        graceful = False
+        try:
+            self._consumer.subscribe(s.input_topic, listener=_Listener(self))
+            await self._consumer.start()
+            log.info(
+                "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s",
+                ",".join(s.input_topic), s.output_topic, s.dlq_topic, s.group_id, *self._pack, self._model,
+            )
+            tasks = [
+                asyncio.create_task(self._guard(self._engine_loop()), name="spinf-engine"),
+                asyncio.create_task(self._guard(self._send_loop()), name="spinf-send"),
+                asyncio.create_task(self._guard(self._commit_loop()), name="spinf-commit"),
+            ]
+            graceful = self.drained = await self._poll_loop()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._close(graceful)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _close(self, graceful: bool) -> None:
+        try:
+            if self._fatal is None and self._producer is not None:
+                await self._producer.flush()
+            await self._commit()
+        except Exception as exc:  # closing must go on: log and keep closing
+            log.warning("final commit failed: %s", exc)
+        finally:
+            if self._consumer is not None:
+                await self._consumer.stop()
+            if self._producer is not None:
+                await self._producer.stop()
+            self._engine_pool.shutdown(wait=False, cancel_futures=True)
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+        log.info(
+            "stopped%s: consumed %d, scored %d, dead-lettered %d, committed %s",
+            "" if graceful else " (not drained)",
+            self.stats.consumed, self.stats.scored, self.stats.dead_lettered,
+            {f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(self.stats.committed.items())},
+        )
+
+    async def _guard(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            log.error("scorer failing: %s: %s", type(exc).__name__, exc)
+            self._fatal = exc
+        self._progress.set()
+
+    def _unacked(self) -> int:
+        return sum(p.offsets.unacked for p in self._parts.values())
+
+    # -- consume ------------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> bool:
+        """Poll until stopped; True when everything consumed was written (drained)."""
+        s = self.settings
+        consumer = self._consumer
+        assert consumer is not None
+        deadline: float | None = None
+        touched = 0.0
+        while True:
+            if self._fatal is not None:
+                return False
+            if s.health_file is not None and time.monotonic() - touched >= 1.0:
+                touched = time.monotonic()
+                _touch(s.health_file)
+            if self._stop_requested.is_set():
+                if deadline is None:
+                    deadline = time.monotonic() + s.shutdown_timeout_s
+                    self._batcher.drain()
+                if self._unacked() == 0 and self._ingesting == 0:
+                    return True
+                if time.monotonic() > deadline:
+                    log.warning("shutdown timeout: %d records not written; their offsets stay uncommitted", self._unacked())
+                    return False
+            self._backpressure()
+            room = s.max_inflight - self._unacked()
+            # Poll even when every partition is paused: that keeps this member in its group.
+            data = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
+            if data:
+                self._ingesting += 1
+                try:
+                    await self._ingest(data)
+                finally:
+                    self._ingesting -= 1
+
+    def _backpressure(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        unacked = self._unacked()
+        hold = self._stop_requested.is_set() or unacked >= self.settings.max_inflight
+        if hold:
+            assigned = consumer.assignment()
+            if assigned - consumer.paused():
+                consumer.pause(*assigned)
+                if not self._paused and not self._stop_requested.is_set():
+                    log.debug("backpressure: %d in flight, partitions paused", unacked)
+                self._paused = True
+        elif self._paused and unacked <= self.settings.max_inflight // 2:
+            consumer.resume(*consumer.paused())
+            self._paused = False
+
+    async def _ingest(self, data: dict[TopicPartition, list[Any]]) -> None:
+        s = self.settings
+        to_prepare: list[_Slot] = []
+        messages: list[tuple[str, dict[str, Any]]] = []
+        for tp, records in data.items():
+            part = self._parts.get(tp)
+            if part is None or part.revoked:
+                part = self._parts[tp] = _Partition(tp)
+            for rec in records:
+                last = part.offsets.last_tracked
+                if last is not None and rec.offset <= last:
+                    continue  # already in flight (re-delivery after a seek)
+                part.offsets.track(rec.offset)
+                slot = _Slot(rec, part)
+                part.queue.append(slot)
+                self.stats.consumed += 1
+                if self.stats.first_consumed_at is None:
+                    self.stats.first_consumed_at = time.monotonic()
+                decoded = check_pack_header(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1])
+                if decoded is None:
+                    decoded = decode_value(
+                        rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
+                        input_format=s.input_format,
+                    )
+                if isinstance(decoded, Rejection):
+                    self._dead_letter(slot, decoded.kind, decoded.message, message_id=decoded.id)
+                else:
+                    assert isinstance(decoded, Decoded)
+                    slot.message_id = decoded.id
+                    to_prepare.append(slot)
+                    messages.append((decoded.id, decoded.fields))
+        for tp in data:  # dead letters at the head of a partition can go now
+            part = self._parts.get(tp)
+            if part is not None:
+                self._release(part)
+        loop = asyncio.get_running_loop()
+        # Tokenize in chunks so the engine can start on the first batch while the rest is prepared.
+        for start in range(0, len(messages), PREPARE_CHUNK):
+            chunk_slots = to_prepare[start : start + PREPARE_CHUNK]
+            prepared: list[Prepared] = await loop.run_in_executor(
+                self._prepare_pool, prepare_messages, self.scorer, self._make_message,
+                messages[start : start + PREPARE_CHUNK], s.too_long,
+            )
+            touched: dict[TopicPartition, _Partition] = {}
+            for slot, p in zip(chunk_slots, prepared):
+                if slot.part.revoked:
+                    continue
+                slot.truncated = p.truncated
+                if is_error(p.item):
+                    policy = s.too_long if p.item.error.kind == "too_long" else None
+                    self._dead_letter(slot, p.item.error.kind, p.item.error.message, message_id=slot.message_id, policy=policy)
+                    touched[slot.part.tp] = slot.part
+                else:
+                    self._batcher.add((slot, p.item), int(p.item.n_tokens))
+            for part in touched.values():
+                self._release(part)
+
+    # -- engine -------------------------------------------------------------------------------
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._batcher.next_batch()
+            live = [(slot, item) for slot, item in batch if not slot.part.revoked]
+            if not live:
+                continue
+            self.stats.batches += 1
+            self.stats.batch_messages += len(live)
+            records = await loop.run_in_executor(
+                self._engine_pool, run_isolating, self.scorer, [item for _, item in live]
+            )
+            touched: dict[TopicPartition, _Partition] = {}
+            for (slot, _), rec in zip(live, records):
+                if slot.part.revoked:
+                    continue
+                if is_error(rec):
+                    self._dead_letter(slot, rec.error.kind, rec.error.message, message_id=slot.message_id, release=False)
+                else:
+                    self._score(slot, rec)
+                touched[slot.part.tp] = slot.part
+            for part in touched.values():
+                self._release(part)
+
+    # -- write --------------------------------------------------------------------------------
+
+    def _source(self, rec: Any) -> Source:
+        ts = rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
+        return Source(topic=rec.topic, partition=rec.partition, offset=rec.offset, timestamp=ts)
+
+    def _score(self, slot: _Slot, record: Any) -> None:
+        body = record.model_dump(mode="json") if hasattr(record, "model_dump") else dict(record)
+        body["source"] = self._source(slot.record).model_dump(mode="json")
+        if slot.truncated is not None:
+            body["truncated"] = slot.truncated.model_dump(mode="json")
+        rec = slot.record
+        slot.out = _Outgoing(
+            topic=self.settings.output_topic,
+            value=orjson.dumps(body),
+            key=rec.key,
+            headers=output_headers(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model),
+        )
+        self.stats.scored += 1
+
+    def _dead_letter(
+        self,
+        slot: _Slot,
+        kind: str,
+        message: str,
+        *,
+        message_id: str | None = None,
+        policy: Any = None,
+        release: bool = False,
+    ) -> None:
+        rec = slot.record
+        record = dead_letter(
+            kind=kind,
+            message=message,
+            source=self._source(rec),
+            value=rec.value,
+            key=rec.key,
+            headers=rec.headers,
+            message_id=message_id,
+            policy=policy,
+            pack=self._pack,
+            model=self._model,
+        )
+        slot.out = _Outgoing(
+            topic=self.settings.dlq_topic,
+            value=dead_letter_bytes(record),
+            key=rec.key,
+            headers=output_headers(
+                rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
+            ),
+        )
+        self.stats.dead_lettered += 1
+        log.debug("dead letter %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, kind)
+        if release:
+            self._release(slot.part)
+
+    def _release(self, part: _Partition) -> None:
+        """Hand the partition's finished records to the writer, in offset order."""
+        q = part.queue
+        while q and q[0].out is not None:
+            self._send_queue.put_nowait(q.popleft())
+
+    async def _send_loop(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        while True:
+            slot = await self._send_queue.get()
+            if slot.part.revoked:
+                continue
+            out = slot.out
+            assert out is not None
+            partition = None
+            if out.key is None:  # keep unkeyed records of one input partition in one output partition
+                partition = await self._unkeyed_partition(out.topic, slot.record.partition)
+            fut = await producer.send(out.topic, out.value, key=out.key, headers=out.headers, partition=partition)
+            fut.add_done_callback(lambda f, slot=slot: self._on_ack(slot, f))
+
+    async def _unkeyed_partition(self, topic: str, source_partition: int) -> int:
+        parts = self._out_partitions.get(topic)
+        if parts is None:
+            assert self._producer is not None
+            found = await self._producer.partitions_for(topic)
+            parts = self._out_partitions[topic] = sorted(found)
+        return parts[source_partition % len(parts)]
+
+    def _on_ack(self, slot: _Slot, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            rec = slot.record
+            self._fail(ProduceFailed(f"writing the record for {rec.topic}[{rec.partition}]@{rec.offset} failed: {exc!r}"))
+            return
+        self.stats.acked += 1
+        self.stats.last_acked_at = time.monotonic()
+        if not slot.part.revoked:
+            slot.part.offsets.ack(slot.record.offset)
+        self._progress.set()
+
+    # -- commit -------------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        interval = self.settings.commit_interval_ms / 1000
+        while True:
+            if interval > 0:
+                await asyncio.sleep(interval)
+            else:
+                self._progress.clear()
+                await self._progress.wait()
+            await self._commit()
+
+    async def _commit(self, parts: list[_Partition] | None = None) -> None:
+        """Commit ``last contiguous acknowledged offset + 1`` of each (live) partition that moved."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        chosen = parts if parts is not None else [p for p in self._parts.values() if not p.revoked]
+        offsets = {}
+        for p in chosen:
+            pos = p.offsets.committable()
+            if pos is not None:
+                offsets[p.tp] = pos
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:
+            # e.g. a rebalance is in progress: the listener commits revoked partitions itself,
+            # and the next round retries the others.
+            log.warning("commit failed (will retry): %s", exc)
+            return
+        for p in chosen:
+            if p.tp in offsets:
+                p.offsets.mark_committed(offsets[p.tp])
+                self.stats.committed[p.tp] = offsets[p.tp]
+        self.stats.commits += 1
+
+    # -- rebalance ----------------------------------------------------------------------------
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.stats.assignment = set(assigned)
+        log.info("assigned partitions: %s", _fmt(assigned))
+        if assigned:
+            self.assigned.set()
+
+    async def _settle(self, revoked: set[TopicPartition]) -> None:
+        """Before ``revoked`` move to another member: finish their in-flight work (up to the
+        settle timeout), drop the rest, and commit what was acknowledged."""
+        if not revoked:
+            return  # the first join revokes nothing
+        self.stats.rebalances += 1
+        parts = [self._parts[tp] for tp in revoked if tp in self._parts]
+        log.info("revoking partitions: %s", _fmt(revoked))
+        deadline = time.monotonic() + self._settle_timeout_s
+        while self._fatal is None and any(p.offsets.unacked for p in parts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), timeout=min(left, 0.5))
+            except TimeoutError:
+                pass
+        await self._commit(parts)
+        dropped = 0
+        for p in parts:
+            p.revoked = True
+            dropped += p.offsets.unacked
+            del self._parts[p.tp]
+        self._batcher.discard(lambda entry: entry[0].part.revoked)
+        if dropped:
+            self.stats.dropped_on_revoke += dropped
+            log.info("dropped %d in-flight records of revoked partitions (the next owner rescores them)", dropped)
+
+
+def _touch(path: Any) -> None:
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path)
+    except OSError as exc:
+        log.warning("cannot touch the health file: %s", exc)
+
+
+def _fmt(tps: set[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "none"

@@ -1,0 +1,78 @@
+"""Shared fixtures: real models (from their PyPI packages, converted once into the cache),
+tiny random-weight models of each family, and real messages from ``../shared/data``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+import orjson
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def data_dir() -> Path:
+    """``$SPINF_DATA_DIR`` or ``../shared/data`` beside the repo."""
+    return Path(os.environ.get("SPINF_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@cache
+def dataset(name: str, n: int) -> tuple[dict, ...]:
+    """The first ``n`` rows of ``../shared/data/<name>/dev.jsonl`` (a fixed pseudo-random order)."""
+    path = data_dir() / name / "dev.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found (set SPINF_DATA_DIR)")
+    rows = []
+    with open(path, "rb") as f:
+        for line in f:
+            rows.append(orjson.loads(line))
+            if len(rows) == n:
+                break
+    return tuple(rows)
+
+
+#: pack → the data set its messages come from
+PACK_DATA = {"spam": "sms_spam", "sentiment": "sentiment_labelled_sentences", "news_topics": "ag_news"}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory):
+    """``family -> HF directory`` of a random-weight tiny model, built on first use."""
+    from spinf_stream.models.weights import resolve
+    from tiny import TOKENIZER_OF, build_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny(family, root / family, resolve(TOKENIZER_OF[family]).path)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """``(model dir) -> (Decoder, tokenizer)``, each loaded once per session."""
+    from transformers import AutoTokenizer
+
+    from spinf_stream.models import load_decoder
+
+    memo: dict[str, tuple] = {}
+
+    def get(path: Path):
+        key = str(path)
+        if key not in memo:
+            memo[key] = (load_decoder(path), AutoTokenizer.from_pretrained(key))
+        return memo[key]
+
+    return get

@@ -1,0 +1,438 @@
+"""kernels/: each Triton kernel against its torch twin, each twin against an independent
+computation, and batch invariance (a row's or message's bits do not depend on its neighbours).
+
+The Triton kernels run on CPU under TRITON_INTERPRET=1, in fp32 (the interpreter gets bf16
+`tl.dot` wrong). Triton fixes interpreter mode when it is first imported in a process, and other
+test modules may import it first (`from transformers import <model>` does); then the kernels run
+in one fresh spawned process that imports Triton with the variable set. With TRITON_INTERPRET=0
+and a GPU, the same tests run the kernels on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Before any triton import; see the module docstring for when this is too late.
+_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import multiprocessing  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels import (  # noqa: E402
+    TreeMask,
+    matmul,
+    matmul_ref,
+    matmul_triton,
+    rms_norm,
+    rms_norm_ref,
+    rms_norm_triton,
+    tree_attention,
+    tree_attention_ref,
+    tree_attention_triton,
+)
+
+INTERPRET = os.environ["TRITON_INTERPRET"].strip().lower() in {"1", "true", "on", "yes"}
+
+
+# --------------------------------------------------------------------------- running Triton
+
+
+def _to(value: Any, device: str) -> Any:
+    if isinstance(value, (torch.Tensor, TreeMask)):
+        return value.to(device)
+    return value
+
+
+class TritonRunner:
+    """Calls a `*_triton` entry point where Triton can run it; returns the result on the CPU."""
+
+    def __init__(self) -> None:
+        if not INTERPRET and not torch.cuda.is_available():
+            pytest.skip("TRITON_INTERPRET is off and there is no GPU")
+        self.device = "cpu" if INTERPRET else "cuda"
+        # Interpreter mode requested, but Triton was imported without it: use a fresh process.
+        fresh = INTERPRET and _TRITON_ALREADY_IMPORTED
+        self.pool = (
+            ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            if fresh else None
+        )
+
+    def __call__(self, fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+        args = tuple(_to(a, self.device) for a in args)
+        if self.pool is None:
+            out = fn(*args, **kwargs)
+        else:
+            out = self.pool.submit(fn, *args, **kwargs).result()
+        return out.cpu()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def triton_run() -> Iterator[TritonRunner]:
+    runner = TritonRunner()
+    yield runner
+    runner.close()
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol, atol=atol)
+
+
+# --------------------------------------------------------------------------- matmul
+
+
+def test_matmul_triton_matches_torch_on_ragged_shapes(triton_run: TritonRunner) -> None:
+    # M, N, K all off the tile sizes, and x transposed in memory: masks and strides are exercised.
+    g = _gen(0)
+    x = torch.randn(100, 70, generator=g).t()  # [70, 100], column-major
+    w = torch.randn(150, 100, generator=g) / 10  # outputs of order one, like a Linear layer's
+    _close(triton_run(matmul_triton, x, w), x.double() @ w.double().t())
+
+
+def test_matmul_ref_matches_torch() -> None:
+    g = _gen(1)
+    x, w = torch.randn(130, 48, generator=g), torch.randn(40, 48, generator=g) / 7
+    _close(matmul_ref(x, w), x.double() @ w.double().t())
+
+
+def test_matmul_triton_row_is_bitwise_batch_invariant(triton_run: TritonRunner) -> None:
+    g = _gen(2)
+    x, w = torch.randn(90, 72, generator=g), torch.randn(136, 72, generator=g)
+    packed = triton_run(matmul_triton, x, w)
+    for row in (0, 41, 89):  # alone at row 0 of a 1-row batch vs inside a 90-row batch
+        assert torch.equal(triton_run(matmul_triton, x[row:row + 1], w), packed[row:row + 1])
+
+
+@pytest.mark.parametrize("m", [1, 3, 64, 65, 300])
+def test_matmul_ref_row_is_bitwise_batch_invariant(m: int) -> None:
+    g = _gen(3)
+    x, w = torch.randn(m, 96, generator=g), torch.randn(200, 96, generator=g)
+    packed = matmul_ref(x, w)
+    for row in {0, m // 2, m - 1}:
+        assert torch.equal(matmul_ref(x[row:row + 1].clone(), w), packed[row:row + 1])
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [((4, 8), (5, 7)), ((4, 8, 1), (5, 8)), ((8,), (5, 8))])
+def test_matmul_rejects_mismatched_shapes(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError):
+        matmul(torch.zeros(x_shape), torch.zeros(w_shape))
+
+
+# --------------------------------------------------------------------------- rms_norm
+
+
+def _rms_norm_float64(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * (offset + w.double())
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("hidden", [40, 5000])  # 5000: wider than one block, walked in chunks
+def test_rms_norm_triton_matches_formula(triton_run: TritonRunner, hidden: int, offset: float) -> None:
+    g = _gen(4)
+    x, w = torch.randn(5, hidden, generator=g) * 3, torch.randn(hidden, generator=g)
+    _close(triton_run(rms_norm_triton, x, w, 1e-6, offset), _rms_norm_float64(x, w, 1e-6, offset))
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_ref_matches_formula(offset: float) -> None:
+    g = _gen(5)
+    x, w = torch.randn(33, 640, generator=g) * 3, torch.randn(640, generator=g)
+    _close(rms_norm_ref(x, w, 1e-5, offset), _rms_norm_float64(x, w, 1e-5, offset))
+
+
+def test_rms_norm_triton_row_is_bitwise_batch_invariant(triton_run: TritonRunner) -> None:
+    g = _gen(6)
+    x, w = torch.randn(9, 300, generator=g), torch.randn(300, generator=g)
+    packed = triton_run(rms_norm_triton, x, w, 1e-6, 1.0)
+    for row in (0, 7):
+        assert torch.equal(triton_run(rms_norm_triton, x[row:row + 1], w, 1e-6, 1.0), packed[row:row + 1])
+
+
+@pytest.mark.parametrize("t", [2, 64, 1000])
+def test_rms_norm_ref_row_is_bitwise_batch_invariant(t: int) -> None:
+    g = _gen(7)
+    x, w = torch.randn(t, 896, generator=g), torch.randn(896, generator=g)
+    packed = rms_norm_ref(x, w, 1e-6, 0.0)
+    for row in {0, t // 2, t - 1}:
+        assert torch.equal(rms_norm_ref(x[row:row + 1].clone(), w, 1e-6, 0.0), packed[row:row + 1])
+
+
+def test_rms_norm_rejects_weight_of_wrong_width() -> None:
+    with pytest.raises(ValueError):
+        rms_norm(torch.zeros(3, 8), torch.zeros(7), 1e-6)
+
+
+# --------------------------------------------------------------------------- tree attention: packs
+
+
+@dataclass
+class Msg:
+    """A message's shape: content length, and per question branch its length and the lengths of
+    its multi-token choices (sub-branches hanging off the branch's last token)."""
+
+    content: int
+    branches: list[tuple[int, list[int]]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.content + sum(b + sum(subs) for b, subs in self.branches)
+
+
+def pack_segments(msgs: list[Msg], preamble: int = 0) -> list[tuple[int, int, int]]:
+    """The engine's layout: [preamble][C1 B1_1 (choices) B1_2 ..][C2 ..] as (start, len, parent)."""
+    segments = [(0, preamble, -1)] if preamble else []
+    at = preamble
+    for m in msgs:
+        content = at
+        segments.append((content, m.content, preamble - 1))  # -1 without a preamble: a root
+        at += m.content
+        for length, subs in m.branches:
+            branch = at
+            segments.append((branch, length, content + m.content - 1))
+            at += length
+            for sub in subs:
+                segments.append((at, sub, branch + length - 1))
+                at += sub
+    return segments
+
+
+def parents_from_segments(segments: list[tuple[int, int, int]]) -> list[int]:
+    parent = [0] * sum(n for _, n, _ in segments)
+    for start, n, p in segments:
+        parent[start] = p
+        for key in range(start + 1, start + n):
+            parent[key] = key - 1
+    return parent
+
+
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parent: list[int], queries: list[int],
+    scale: float, window: int | None, softcap: float | None,
+) -> torch.Tensor:
+    """Attention from first principles, in float64: a full [T, S] mask built by walking each
+    query's ancestors, positions as depths, and torch's softmax over all S keys."""
+    S = len(parent)
+    depth = []
+    for key in range(S):
+        depth.append(0 if parent[key] < 0 else depth[parent[key]] + 1)
+    allowed = torch.zeros(len(queries), S, dtype=torch.bool)
+    for row, key in enumerate(queries):
+        a = key
+        while a >= 0:
+            if window is None or depth[a] > depth[key] - window:
+                allowed[row, a] = True
+            a = parent[a]
+    group = q.shape[1] // k.shape[1]
+    kk = k.double().repeat_interleave(group, dim=1)
+    vv = v.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("thd,shd->hts", q.double(), kk) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.einsum("hts,shd->thd", p, vv)
+
+
+@dataclass
+class Case:
+    msgs: list[Msg]
+    preamble: int = 0
+    heads: tuple[int, int] = (4, 2)  # (Hq, Hkv)
+    head_dim: int = 16
+    window: int | None = None
+    softcap: float | None = None
+    cached_preamble: bool = False  # the preamble's keys are given, its queries are not recomputed
+
+
+CASES = {
+    # content longer than BLOCK_N and BLOCK_M: several key tiles and query blocks per message
+    "gqa_plain": Case([Msg(70, [(3, []), (5, [])]), Msg(20, [(4, [])])]),
+    "preamble_window": Case([Msg(30, [(6, [])]), Msg(12, [(3, [])])], preamble=9, window=8),
+    "subbranches_softcap_mha": Case(
+        [Msg(25, [(4, [2, 3]), (3, [1, 1, 2])]), Msg(5, [(2, [3])])], heads=(2, 2), softcap=5.0),
+    "cached_preamble_all_options": Case(
+        [Msg(40, [(4, [2, 2])]), Msg(9, [(3, [])])], preamble=11, heads=(6, 2), head_dim=24,
+        window=13, softcap=8.0, cached_preamble=True),
+}
+
+
+def case_inputs(
+    case: Case, seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TreeMask, list[int]]:
+    segments = pack_segments(case.msgs, case.preamble)
+    S = sum(n for _, n, _ in segments)
+    queries = list(range(case.preamble if case.cached_preamble else 0, S))
+    g = _gen(seed)
+    hq, hkv = case.heads
+    q = torch.randn(len(queries), hq, case.head_dim, generator=g)
+    k = torch.randn(S, hkv, case.head_dim, generator=g)
+    v = torch.randn(S, hkv, case.head_dim, generator=g)
+    return q, k, v, TreeMask.from_segments(segments, queries=queries), queries
+
+
+def case_options(case: Case) -> dict[str, Any]:
+    return {"scale": case.head_dim ** -0.5, "window": case.window, "softcap": case.softcap}
+
+
+# --------------------------------------------------------------------------- tree attention: layout
+
+
+def test_tree_mask_layout_is_one_range_per_segment_on_the_path() -> None:
+    # content c0 c1 c2 | branch A: a0 a1 | branch B: b0 b1 | choice of B: x0
+    mask = TreeMask.from_segments([(0, 3, -1), (3, 2, 2), (5, 2, 2), (7, 1, 6)])
+    assert mask.kv_start.tolist() == [
+        [0, 0, 0], [0, 0, 0], [0, 0, 0],  # content: causal over its own range
+        [0, 3, 0], [0, 3, 0],  # A: all content, then causal within A
+        [0, 5, 0], [0, 5, 0],  # B
+        [0, 5, 7],  # x0: all content, all of B, itself
+    ]
+    assert mask.kv_len.tolist() == [
+        [1, 0, 0], [2, 0, 0], [3, 0, 0],
+        [3, 1, 0], [3, 2, 0],
+        [3, 1, 0], [3, 2, 0],
+        [3, 2, 1],
+    ]
+    # logical positions: every branch starts where the content ends, a choice after its branch
+    assert mask.k_pos.tolist() == [0, 1, 2, 3, 4, 3, 4, 5]
+    assert torch.equal(mask.q_pos, mask.k_pos)
+    # one query block per segment: rows of a block share every range start
+    assert mask.blocks.tolist() == [[0, 3], [3, 2], [5, 2], [7, 1]]
+
+
+def test_tree_mask_cuts_long_segments_into_blocks_from_their_own_start() -> None:
+    mask = TreeMask.from_segments([(0, 5, -1), (5, 150, -1)])
+    assert mask.blocks.tolist() == [[0, 5], [5, 64], [69, 64], [133, 22]]
+
+
+def test_tree_mask_rejects_overlapping_ranges() -> None:
+    with pytest.raises(ValueError, match="overlapping"):
+        TreeMask.build(torch.tensor([[0, 2]]), torch.tensor([[3, 1]]), torch.tensor([2]), torch.arange(4))
+
+
+def test_tree_mask_rejects_range_past_the_keys() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        TreeMask.build(torch.tensor([[2]]), torch.tensor([[3]]), torch.tensor([0]), torch.arange(4))
+
+
+def test_tree_mask_rejects_segments_with_a_gap() -> None:
+    with pytest.raises(ValueError, match="tile"):
+        TreeMask.from_segments([(0, 3, -1), (4, 2, 2)])
+
+
+def test_tree_mask_rejects_a_parent_after_its_segment() -> None:
+    with pytest.raises(ValueError, match="parent"):
+        TreeMask.from_segments([(0, 3, 4), (3, 2, -1)])
+
+
+@pytest.mark.parametrize("q_shape, kv_shape", [
+    ((5, 3, 8), (5, 2, 8)),  # 3 query heads over 2 kv heads
+    ((4, 2, 8), (5, 2, 8)),  # 4 queries, the mask has 5
+    ((5, 2, 8), (5, 2, 4)),  # head dims differ
+])
+def test_tree_attention_rejects_mismatched_shapes(
+    q_shape: tuple[int, ...], kv_shape: tuple[int, ...],
+) -> None:
+    mask = TreeMask.from_segments([(0, 5, -1)])
+    with pytest.raises(ValueError):
+        tree_attention(torch.zeros(q_shape), torch.zeros(kv_shape), torch.zeros(kv_shape), mask)
+
+
+# --------------------------------------------------------------------------- tree attention: values
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tree_attention_ref_matches_dense_mask_attention(name: str) -> None:
+    case = CASES[name]
+    q, k, v, mask, queries = case_inputs(case)
+    parent = parents_from_segments(pack_segments(case.msgs, case.preamble))
+    expected = dense_attention(q, k, v, parent, queries, **case_options(case))
+    _close(tree_attention_ref(q, k, v, mask, **case_options(case)), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tree_attention_triton_matches_ref(triton_run: TritonRunner, name: str) -> None:
+    case = CASES[name]
+    q, k, v, mask, _ = case_inputs(case)
+    expected = tree_attention_ref(q, k, v, mask, **case_options(case))
+    _close(triton_run(tree_attention_triton, q, k, v, mask, **case_options(case)), expected, atol=1e-5)
+
+
+def test_tree_attention_row_that_sees_no_key_is_zero() -> None:
+    # row 1 has a single, empty range
+    mask = TreeMask.build(
+        torch.tensor([[0], [0]]), torch.tensor([[1], [0]]), torch.tensor([0, 0]), torch.tensor([0]),
+    )
+    out = tree_attention_ref(torch.ones(2, 1, 16), torch.ones(1, 1, 16), torch.ones(1, 1, 16), mask)
+    assert torch.equal(out[1], torch.zeros(1, 16))
+
+
+# --------------------------------------------------------------------------- tree attention: invariance
+
+TARGET = Msg(70, [(4, [2, 3]), (5, [])])  # spans two key tiles and two query blocks
+NEIGHBOURS = (Msg(23, [(3, [1, 2])]), Msg(50, [(6, [])]))
+INVARIANCE = dict(preamble=7, heads=(4, 2), head_dim=16, window=20, softcap=6.0)
+
+
+def _message_tensors(msg: Msg, seed: int, hq: int, hkv: int, d: int) -> tuple[torch.Tensor, ...]:
+    g = _gen(seed)
+    n = msg.size
+    q = torch.randn(n, hq, d, generator=g)
+    return q, torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
+
+
+def _pack(msgs: list[tuple[Msg, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TreeMask]:
+    """q, k, v and mask for a pass: the shared preamble, then the messages (with their own seeds)."""
+    hq, hkv = INVARIANCE["heads"]
+    d, preamble = INVARIANCE["head_dim"], INVARIANCE["preamble"]
+    parts = [_message_tensors(Msg(preamble), 99, hq, hkv, d)]
+    parts += [_message_tensors(m, seed, hq, hkv, d) for m, seed in msgs]
+    q, k, v = (torch.cat(t) for t in zip(*parts))
+    mask = TreeMask.from_segments(pack_segments([m for m, _ in msgs], preamble))
+    return q, k, v, mask
+
+
+def _alone_and_packed(run: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    options = {"window": INVARIANCE["window"], "softcap": INVARIANCE["softcap"]}
+    preamble, n = INVARIANCE["preamble"], TARGET.size
+    alone = run(*_pack([(TARGET, 1)]), **options)[preamble:preamble + n]
+    packed_msgs = [(NEIGHBOURS[0], 2), (TARGET, 1), (NEIGHBOURS[1], 3)]
+    at = preamble + NEIGHBOURS[0].size  # a different packed offset, not a multiple of any tile
+    packed = run(*_pack(packed_msgs), **options)[at:at + n]
+    return alone, packed
+
+
+def test_tree_attention_triton_message_is_bitwise_independent_of_its_pack(triton_run: TritonRunner) -> None:
+    alone, packed = _alone_and_packed(lambda *a, **kw: triton_run(tree_attention_triton, *a, **kw))
+    assert torch.equal(alone, packed)
+
+
+def test_tree_attention_ref_message_is_bitwise_independent_of_its_pack() -> None:
+    alone, packed = _alone_and_packed(tree_attention_ref)
+    assert torch.equal(alone, packed)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def test_dispatchers_run_the_torch_twins_on_cpu() -> None:
+    g = _gen(8)
+    x, w = torch.randn(5, 32, generator=g), torch.randn(7, 32, generator=g)
+    assert torch.equal(matmul(x, w), matmul_ref(x, w))
+    assert torch.equal(rms_norm(x, w[0], 1e-6, 1.0), rms_norm_ref(x, w[0], 1e-6, 1.0))
+    q, k, v, mask, _ = case_inputs(CASES["preamble_window"])
+    options = case_options(CASES["preamble_window"])
+    assert torch.equal(tree_attention(q, k, v, mask, **options), tree_attention_ref(q, k, v, mask, **options))

@@ -1,0 +1,112 @@
+"""``spinf-stream score``: one output line per input line, in order; bad lines get an error
+record in their place; exit code 0 unless --strict."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+from conftest import REPO, dataset
+
+from spinf_stream.engine import Engine, Message
+from spinf_stream.offline import parse_line
+from spinf_stream.packs import load_pack
+
+BAD_LINES = [
+    (b"\xff\xfe not utf-8", "invalid_utf8"),
+    (b"not json", "invalid_json"),
+    (b"[1, 2]", "not_an_object"),
+    (b'{"text": "no id"}', "missing_field"),
+    (b'{"id": "a", "text": ""}', "empty_field"),
+    (b'{"id": "b", "text": "   "}', "empty_field"),
+    (b'{"id": "c", "text": 42}', "wrong_type"),
+    (b'{"id": "d"}', "missing_field"),
+    (b'{"id": ["e"], "text": "x"}', "wrong_type"),
+    (b"", "invalid_json"),
+]
+
+
+def _run(args, **kw):
+    return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", *args], cwd=REPO, capture_output=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models):
+    return tiny_models("llama")
+
+
+def test_bad_lines_get_error_records_in_place_and_the_rest_are_scored(model_dir, loaded, tmp_path):
+    good = dataset("sms_spam", 5)
+    lines = []
+    for i, (bad, _) in enumerate(BAD_LINES):
+        lines.append(orjson.dumps(good[i % 5] | {"id": f"good-{i}"}))
+        lines.append(bad)
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out.jsonl"
+    r = _run(["--pack", "spam", "--input", str(inp), "--output", str(out), "--model", str(model_dir), "--no-progress"])
+    assert r.returncode == 0, r.stderr.decode()
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert len(recs) == len(lines)
+    decoder, tok = loaded(model_dir)
+    engine = Engine(decoder, tok, load_pack("spam"), str(model_dir))
+    for i, (_, kind) in enumerate(BAD_LINES):
+        ok, bad = recs[2 * i], recs[2 * i + 1]
+        assert ok["id"] == f"good-{i}"
+        want = engine.score([Message(id=ok["id"], fields=good[i % 5])])[0]
+        assert ok["digest"] == want.digest and ok["scores"] == orjson.loads(orjson.dumps(want.model_dump()))["scores"]
+        assert bad["error"]["kind"] == kind, bad
+        assert set(bad) <= {"id", "error"}
+
+
+def test_strict_exits_1_when_a_line_is_bad(model_dir, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b'{"id": "1", "text": "hello"}\nnot json\n')
+    r = _run(["--pack", "spam", "--input", str(inp), "--output", str(tmp_path / "o.jsonl"), "--model", str(model_dir), "--strict"])
+    assert r.returncode == 1
+    assert len((tmp_path / "o.jsonl").read_bytes().splitlines()) == 2
+
+
+def test_stdin_to_stdout(model_dir):
+    r = _run(["--pack", "spam", "--input", "-", "--output", "-", "--model", str(model_dir)],
+             input=b'{"id": "1", "text": "WIN a prize, call now"}\n{"id": 2, "text": "see you at 5"}\n')
+    assert r.returncode == 0, r.stderr.decode()
+    recs = [orjson.loads(x) for x in r.stdout.splitlines()]
+    assert [x["id"] for x in recs] == ["1", "2"]
+    assert set(recs[0]["scores"]) == {q.id for q in load_pack("spam").expand()}
+
+
+def test_unknown_pack_fails_with_exit_2_naming_it(model_dir, tmp_path):
+    r = _run(["--pack", "no_such_pack", "--input", "-", "--output", "-", "--model", str(model_dir)], input=b"")
+    assert r.returncode == 2
+    assert b"no_such_pack" in r.stderr
+
+
+def test_missing_model_package_names_the_pip_command(tmp_path):
+    r = _run(["--pack", "spam", "--input", "-", "--output", "-", "--model", str(tmp_path / "nowhere")], input=b"")
+    assert r.returncode == 2
+    assert b"nowhere" in r.stderr
+
+
+@pytest.mark.parametrize(("raw", "kind"), BAD_LINES)
+def test_parse_line_kinds(raw, kind):
+    got = parse_line(raw, 7)
+    if kind in ("empty_field", "wrong_type") and b'"text"' in raw and b'"id": "' in raw:
+        assert isinstance(got, Message)  # the pack's fields are checked by the engine
+    elif kind == "missing_field" and raw == b'{"id": "d"}':
+        assert isinstance(got, Message)
+    else:
+        assert got.error.kind == kind
+
+
+def test_message_with_braces_is_scored_literally(tiny_models, loaded):
+    decoder, tok = loaded(tiny_models("llama"))
+    pack = load_pack("spam")
+    engine = Engine(decoder, tok, pack, "tiny")
+    a, b = engine.score([Message("a", {"text": "pay {amount} now {{x}} {text}"}), Message("b", {"text": "pay 5 now"})])
+    assert a.digest != b.digest
+    seg = engine.segmenter.prepare(0, "a", {"text": "pay {amount} now {{x}} {text}"})
+    head = tok.decode(list(engine.segmenter.preamble_ids) + list(seg.content))
+    assert "pay {amount} now {{x}} {text}" in head

@@ -1,0 +1,329 @@
+"""Pack format: loading, validation errors (file + key + what), expansion, rendering."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spinf_stream.packs import ExpandedQuestion, Pack, PackError, load_pack
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """\
+name: spam
+version: 1.0.0
+description: one line
+preamble: "Answer yes or no.\\n\\n"
+prompt: "Text message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this text message spam or a scam?
+  - id: asks_{action}
+    text: Does the message ask the reader to {action}?
+    vars: {action: [call a number, reply, click a link]}
+  - id: tone
+    text: What is the tone of the message?
+    choices: [friendly, neutral, hostile]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "pack.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def edited(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new, 1)
+
+
+def load_error(tmp_path: Path, text: str) -> PackError:
+    path = write(tmp_path, text)
+    with pytest.raises(PackError) as info:
+        load_pack(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def test_valid_pack_loads_with_its_fields(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    pack = load_pack(path)
+    assert (pack.name, pack.version, pack.description) == ("spam", "1.0.0", "one line")
+    assert pack.preamble == "Answer yes or no.\n\n"
+    assert pack.answer_prefix == " "
+    assert pack.source == path
+
+
+@pytest.mark.parametrize("name", ["spam", "sentiment", "news_topics"])
+def test_shipped_pack_loads_by_name(name: str) -> None:
+    pack = load_pack(name)
+    assert pack.name == name
+    assert pack.source == REPO / "packs" / f"{name}.yaml"
+    assert pack.expand()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "packs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_file_in_packs_dir_loads_and_is_named_for_its_file(path: Path) -> None:
+    assert load_pack(path).name == path.stem
+
+
+def test_bare_name_is_looked_up_in_spinf_packs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, edited("name: spam", "name: custom"), name="custom.yaml")
+    monkeypatch.setenv("SPINF_PACKS_DIR", str(tmp_path))
+    assert load_pack("custom").source == tmp_path / "custom.yaml"
+
+
+def test_spinf_packs_dir_takes_precedence_over_shipped_packs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, edited("version: 1.0.0", "version: 9.9.9"), name="spam.yaml")
+    monkeypatch.setenv("SPINF_PACKS_DIR", str(tmp_path))
+    assert load_pack("spam").version == "9.9.9"
+
+
+def test_unknown_bare_name_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPINF_PACKS_DIR", str(tmp_path))
+    with pytest.raises(PackError, match="no such pack") as info:
+        load_pack("nope")
+    assert str(tmp_path / "nope.yaml") in str(info.value)
+
+
+# ------------------------------------------------------------------------------ YAML scalars
+
+
+def test_yes_no_choice_labels_stay_strings(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, edited("choices: [yes, no]", "choices: [yes, no, on, off, true]")))
+    assert pack.choices == ("yes", "no", "on", "off", "true")
+    assert pack.expand()[0].choices == ("yes", "no", "on", "off", "true")
+
+
+def test_version_written_as_a_number_stays_the_text_written(tmp_path: Path) -> None:
+    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 1.0"))).version == "1.0"
+    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 2"))).version == "2"
+
+
+def test_ids_and_var_values_that_look_like_numbers_stay_strings(tmp_path: Path) -> None:
+    text = edited("vars: {action: [call a number, reply, click a link]}", "vars: {action: [1, 2.50, no]}")
+    pack = load_pack(write(tmp_path, text))
+    assert [q.id for q in pack.expand()][1:4] == ["asks_1", "asks_2.50", "asks_no"]
+
+
+# ----------------------------------------------------------------------------------- expansion
+
+
+def test_placeholder_grid_expands_in_file_order_then_product_order(tmp_path: Path) -> None:
+    text = edited(
+        "  - id: tone\n",
+        "  - id: '{who}_{act}'\n    text: Does {who} {act}?\n    vars: {who: [a, b], act: [x, y, z]}\n  - id: tone\n",
+    )
+    ids = [q.id for q in load_pack(write(tmp_path, text)).expand()]
+    assert ids == [
+        "spam",
+        "asks_call a number", "asks_reply", "asks_click a link",
+        "a_x", "a_y", "a_z", "b_x", "b_y", "b_z",
+        "tone",
+    ]
+
+
+def test_grid_substitutes_var_values_into_the_question_text(tmp_path: Path) -> None:
+    questions = load_pack(write(tmp_path, GOOD)).expand()
+    assert questions[2] == ExpandedQuestion(
+        id="asks_reply", text="Does the message ask the reader to reply?", choices=("yes", "no")
+    )
+
+
+def test_per_question_choices_override_the_default(tmp_path: Path) -> None:
+    by_id = {q.id: q for q in load_pack(write(tmp_path, GOOD)).expand()}
+    assert by_id["tone"].choices == ("friendly", "neutral", "hostile")
+    assert by_id["spam"].choices == ("yes", "no")
+
+
+def test_expand_returns_the_same_questions_each_call(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, GOOD))
+    first = pack.expand()
+    first.clear()  # a caller's list is its own
+    assert pack.expand() == load_pack(write(tmp_path, GOOD)).expand()
+    assert len(pack.expand()) == 5
+
+
+# ----------------------------------------------------------------------------------- rendering
+
+
+def test_fields_lists_the_prompt_placeholders_in_order(tmp_path: Path) -> None:
+    text = edited('prompt: "Text message: {text}\\n"', 'prompt: "{title}\\n{text}\\n{title}"')
+    assert load_pack(write(tmp_path, text)).fields == ("title", "text")
+
+
+def test_message_values_are_substituted_literally(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, GOOD))
+    value = "call {text} now }{ {0} {question} {{x}}"
+    assert pack.render_prompt({"text": value}) == "Text message: " + value + "\n"
+
+
+def test_template_double_braces_are_literal_braces(tmp_path: Path) -> None:
+    text = edited('prompt: "Text message: {text}\\n"', 'prompt: "{{json}}: {text}"')
+    assert load_pack(write(tmp_path, text)).render_prompt({"text": "{a}"}) == "{json}: {a}"
+
+
+def test_var_values_are_substituted_literally(tmp_path: Path) -> None:
+    text = edited("[call a number, reply, click a link]", "['say {hi}', '}{']")
+    texts = [q.text for q in load_pack(write(tmp_path, text)).expand()][1:3]
+    assert texts == ["Does the message ask the reader to say {hi}?", "Does the message ask the reader to }{?"]
+
+
+def test_render_question_puts_the_question_text_in_the_template(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, GOOD))
+    q = ExpandedQuestion(id="x", text="Is it {odd}?", choices=("yes", "no"))
+    assert pack.render_question(q) == "Question: Is it {odd}?\nAnswer:"
+
+
+def test_render_prompt_without_a_used_field_raises_key_error(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="text"):
+        load_pack(write(tmp_path, GOOD)).render_prompt({"title": "x"})
+
+
+def test_preamble_is_literal_text_not_a_template(tmp_path: Path) -> None:
+    text = edited('preamble: "Answer yes or no.\\n\\n"', 'preamble: "Reply {like} {this}}"')
+    assert load_pack(write(tmp_path, text)).preamble == "Reply {like} {this}}"
+
+
+# ------------------------------------------------------------------------------------- errors
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(PackError, match="file not found") as info:
+        load_pack(path)
+    assert str(path) in str(info.value)
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("choices: [yes, no]", "choices: [yes, no"))
+    assert "invalid YAML" in str(err)
+    assert "line 8" in str(err)  # the parser notices at the next key
+
+
+def test_duplicate_yaml_key_is_rejected_with_both_lines(tmp_path: Path) -> None:
+    err = load_error(tmp_path, GOOD + "choices: [a, b]\n")
+    assert "duplicate key 'choices'" in str(err)
+    assert "first on line 7" in str(err)
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n", "just text\n"], ids=["empty", "list", "scalar"])
+def test_non_mapping_top_level_is_rejected(tmp_path: Path, text: str) -> None:
+    assert "top level must be a mapping" in str(load_error(tmp_path, text))
+
+
+def test_unknown_top_level_key_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, GOOD + "temperature: 0.7\n")
+    assert "temperature" in str(err) and "unknown key" in str(err)
+
+
+def test_unknown_question_key_is_rejected_with_its_path(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("    text: What is the tone", "    weight: 2\n    text: What is the tone"))
+    assert "questions[2].weight" in str(err) and "unknown key" in str(err)
+
+
+def test_missing_required_key_is_named(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited('question: "Question: {question}\\nAnswer:"\n', ""))
+    assert "question (line 1): missing required key" in str(err)
+
+
+@pytest.mark.parametrize("name", ["Spam", "spam pack", "spam!", "'ok.v2'"])
+def test_bad_name_pattern_is_rejected(tmp_path: Path, name: str) -> None:
+    err = load_error(tmp_path, edited("name: spam", f"name: {name}"))
+    assert "name (line 1)" in str(err) and "[a-z0-9_-]+" in str(err)
+
+
+def test_empty_choices_are_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("choices: [yes, no]", "choices: []"))
+    assert "choices (line 7): empty list" in str(err)
+
+
+def test_empty_per_question_choices_are_rejected_with_their_path(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("[friendly, neutral, hostile]", "[]"))
+    assert "questions[2].choices" in str(err) and "empty list" in str(err)
+
+
+def test_duplicate_choice_labels_are_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("[friendly, neutral, hostile]", "[friendly, neutral, friendly]"))
+    assert "questions[2].choices[2]" in str(err) and "duplicate choice label 'friendly'" in str(err)
+
+
+def test_prompt_without_text_placeholder_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited('"Text message: {text}\\n"', '"Text message: {body}\\n"'))
+    assert "prompt (line 5)" in str(err) and "{text}" in str(err)
+
+
+@pytest.mark.parametrize(
+    "template", ["{text!r}", "{text:>5}", "{text.upper}", "{0} {text}", "{} {text}", "{text} }"]
+)
+def test_prompt_with_non_plain_placeholder_is_rejected(tmp_path: Path, template: str) -> None:
+    err = load_error(tmp_path, edited('"Text message: {text}\\n"', repr(template)))
+    assert "prompt (line 5)" in str(err)
+
+
+def test_question_template_without_question_placeholder_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited('"Question: {question}\\nAnswer:"', '"Question:\\nAnswer:"'))
+    assert "question (line 6)" in str(err) and "{question}" in str(err)
+
+
+def test_question_template_with_other_placeholders_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited('"Question: {question}\\nAnswer:"', '"{text} {question}\\nAnswer:"'))
+    assert "question (line 6)" in str(err) and "{text}" in str(err)
+
+
+def test_question_text_placeholder_not_in_vars_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("reader to {action}?", "reader to {action} {when}?"))
+    assert "questions[1].text" in str(err) and "{when}" in str(err)
+
+
+def test_question_id_placeholder_not_in_vars_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("id: asks_{action}", "id: asks_{verb}"))
+    assert "questions[1].id" in str(err) and "{verb}" in str(err)
+
+
+def test_placeholder_in_a_question_without_vars_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("text: What is the tone", "text: What is the {aspect}"))
+    assert "questions[2].text" in str(err) and "{aspect}" in str(err)
+
+
+def test_unused_var_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("vars: {action: [", "vars: {channel: [sms], action: ["))
+    assert "questions[1].vars.channel" in str(err) and "not used" in str(err)
+
+
+def test_empty_var_list_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("[call a number, reply, click a link]", "[]"))
+    assert "questions[1].vars.action (line 13)" in str(err) and "empty list" in str(err)
+
+
+def test_duplicate_ids_across_questions_are_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("id: tone", "id: asks_reply"))
+    assert "questions[2].id" in str(err) and "'asks_reply' is already used by questions[1]" in str(err)
+
+
+def test_var_missing_from_id_gives_duplicate_expanded_ids(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited("id: asks_{action}", "id: asks"))
+    assert "questions[1].id" in str(err) and "'asks'" in str(err)
+
+
+def test_every_problem_is_reported_with_its_own_path(tmp_path: Path) -> None:
+    text = edited("name: spam", "name: Bad").replace("choices: [yes, no]", "choices: []")
+    err = load_error(tmp_path, text)
+    assert {p[0] for p in err.problems} == {"name", "choices"}
+
+
+def test_pack_error_is_a_value_error() -> None:
+    assert issubclass(PackError, ValueError)
+
+
+def test_source_is_not_part_of_the_schema() -> None:
+    assert "source" not in Pack.model_json_schema()["properties"]
+    assert "source" not in Pack.model_fields

@@ -1,0 +1,76 @@
+"""The stream's commands: produce, consume, and dev (embedded broker + real engine on a tiny model)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import orjson
+import pytest
+from pydantic_settings import CliApp
+
+from spinf_stream.stream.broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
+from spinf_stream.stream.commands import ConsumeCommand, ProduceCommand
+from broker import CLI, REPO, read_all, tansu, tiny_model, topics  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.broker
+
+
+def test_the_tansu_binary_is_found():
+    assert os.access(tansu_binary(), os.X_OK)
+
+
+def test_the_embedded_broker_starts_on_a_free_loopback_port_and_stops():
+    with EmbeddedBroker(port=0) as b:
+        assert b.running and b.bootstrap_servers.startswith("127.0.0.1:")
+        assert not port_is_free(b.port)
+    assert not b.running and port_is_free(b.port)
+
+
+def test_a_busy_port_is_reported():
+    from spinf_stream.stream.broker import BrokerError
+
+    with EmbeddedBroker(port=0) as b, pytest.raises(BrokerError, match="in use"):
+        EmbeddedBroker(port=b.port).start()
+
+
+def test_produce_then_consume_round_trips_lines(topics, tmp_path, capsys):
+    t = topics(2)
+    lines = [orjson.dumps({"id": f"m{i}", "text": f"hello {i}"}) for i in range(5)] + [b"not json"]
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n\n")
+    CliApp.run(ProduceCommand, cli_args=["--bootstrap-servers", t.bootstrap, "--topic", t.input, "--input", str(src), "--key-field", "id"])
+    recs = read_all(t, [t.input], n=6)
+    assert sorted(r.value for r in recs) == sorted(lines)
+    assert {r.key for r in recs} == {b"m0", b"m1", b"m2", b"m3", b"m4", None}
+    capsys.readouterr()
+
+    CliApp.run(ConsumeCommand, cli_args=["--bootstrap-servers", t.bootstrap, "--topic", t.input, "--max", "6"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6
+    assert sorted(o.encode() for o in out) == sorted([*lines[:5], b'"not json"'])
+
+
+def test_consume_stops_after_the_idle_timeout(topics, capsys):
+    t = topics(1)
+    CliApp.run(ConsumeCommand, cli_args=["--bootstrap-servers", t.bootstrap, "--topic", t.input, "--timeout-s", "0.5"])
+    assert capsys.readouterr().out == ""
+
+
+def test_dev_publishes_scores_and_prints_the_examples_then_exits(tiny_model):
+    """The ``make demo`` path on a tiny model: embedded broker, topics, scorer, example messages."""
+    examples = REPO / "examples" / "messages.jsonl"
+    n = sum(1 for li in examples.read_bytes().splitlines() if li.strip())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [*CLI, "dev", "--port", str(free_port()), "--model", str(tiny_model), "--pack", "spam",
+         "--token-budget", "4096", "--input", str(examples), "--until-done"],
+        cwd=REPO, env=env, capture_output=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    records = [orjson.loads(li) for li in proc.stdout.splitlines()]
+    assert len(records) == n
+    assert {r["id"] for r in records} == {f"ex-{i:02d}" for i in range(1, n + 1)}
+    assert all("scores" in r and r["digest"].startswith("sha256:") for r in records)
+    assert b"embedded Kafka broker (Tansu) on 127.0.0.1:" in proc.stderr
