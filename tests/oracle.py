@@ -5,9 +5,9 @@ tokenized as one string (``add_special_tokens=True``); a choice's tokens are
 ``tokenize(full + answer_prefix + label)`` minus the tokens of ``full``; ``logprob`` = sum of the
 full-vocabulary log-probabilities of those tokens.
 
-``prefix_cache=True`` lets transformers reuse ITS OWN key/value cache of the tokens every prompt
-of the pack starts with (the preamble) — the prefix-caching any server does — which keeps the
-parity suite within CI's time; the tests also run a few messages without it.
+``prefix_cache=True`` lets transformers reuse ITS OWN key/value cache of shared token prefixes
+(see :class:`Oracle`), which keeps the parity suite within CI's time; the tests also run a few
+messages of every pack without it (each prompt from its first token).
 """
 
 from __future__ import annotations
@@ -20,51 +20,75 @@ import torch
 
 
 class Oracle:
+    """transformers' model scoring a pack's questions one at a time.
+
+    With ``prefix_cache`` (default), transformers reuses its own key/value cache of token
+    prefixes that prompts share (the preamble, a message's content, a question's prompt before
+    its choices) — prefix caching, as any server does — and runs only the rest of each prompt.
+    Every prompt is still tokenized whole and checked to start with the cached prefix.
+    """
+
     def __init__(self, model: Any, tokenizer: Any, pack: Any, *, prefix_cache: bool = True) -> None:
         self.tok = tokenizer
         self.model = model
         self.pack = pack
-        self.prefix_ids: list[int] = []
-        self.cache = None
+        self.prefix_cache = prefix_cache
+        self.caches: dict[tuple[int, ...], Any] = {}
+        self.preamble_key: tuple[int, ...] = ()
         if prefix_cache and pack.preamble:
-            # tokens of the preamble that survive in every full prompt (checked per prompt below)
             ids = self.tok(pack.preamble, add_special_tokens=True)["input_ids"]
-            self.prefix_ids = ids[:-1]
-            with torch.no_grad():
-                self.cache = self.model(torch.tensor([self.prefix_ids]), use_cache=True).past_key_values
+            self.preamble_key = self._remember(ids[:-1])
+
+    def _best_prefix(self, ids: list[int], feed_at_least: int) -> tuple[int, ...]:
+        best: tuple[int, ...] = ()
+        for key in self.caches:
+            if len(best) < len(key) <= len(ids) - feed_at_least and tuple(ids[: len(key)]) == key:
+                best = key
+        return best
 
     @torch.no_grad()
-    def _logits(self, ids: list[int], keep: int) -> torch.Tensor:
-        """log-softmax of the last ``keep`` positions' logits, ``[keep, vocab]`` fp32."""
-        p = len(self.prefix_ids)
-        if self.cache is not None and ids[:p] == self.prefix_ids and len(ids) - p >= keep:
-            out = self.model(
-                torch.tensor([ids[p:]]), past_key_values=copy.deepcopy(self.cache), use_cache=True, logits_to_keep=keep
-            )
-        else:
-            out = self.model(torch.tensor([ids]), logits_to_keep=keep)
-        return out.logits[0].float().log_softmax(-1)
+    def _run(self, ids: list[int], keep: int) -> tuple[torch.Tensor, Any]:
+        """Logits of the last ``keep`` positions of ``ids`` and the cache after ``ids``."""
+        key = self._best_prefix(ids, max(keep, 1)) if self.prefix_cache else ()
+        cache = copy.deepcopy(self.caches[key]) if key else None
+        out = self.model(torch.tensor([ids[len(key) :]]), past_key_values=cache, use_cache=self.prefix_cache, logits_to_keep=keep)
+        return out.logits[0].float().log_softmax(-1), out.past_key_values
+
+    def _remember(self, ids: list[int]) -> tuple[int, ...]:
+        key = tuple(ids)
+        if key and key not in self.caches:
+            _, self.caches[key] = self._run(list(ids), 1)
+        return key
 
     def score(self, fields: dict[str, str]) -> dict[str, dict[str, float]]:
         """``{question id: {label: logprob}}`` for one message."""
         head = self.pack.preamble + self.pack.render_prompt(fields)
+        questions = self.pack.expand()
+        fulls = [self.tok(head + self.pack.render_question(q), add_special_tokens=True)["input_ids"] for q in questions]
+        if self.prefix_cache:  # one message's caches at a time, beside the preamble's
+            self.caches = {k: v for k, v in self.caches.items() if k == self.preamble_key}
+            shared = min(len(f) for f in fulls) - 1
+            for f in fulls[1:]:
+                shared = min(shared, next((i for i, (a, b) in enumerate(zip(fulls[0], f)) if a != b), shared))
+            if shared > len(self.preamble_key):
+                self._remember(fulls[0][:shared])
         out: dict[str, dict[str, float]] = {}
-        for q in self.pack.expand():
+        for q, f_ids in zip(questions, fulls):
             full = head + self.pack.render_question(q)
-            f_ids = self.tok(full, add_special_tokens=True)["input_ids"]
             conts = []
             for label in q.choices:
                 c_ids = self.tok(full + self.pack.answer_prefix + label, add_special_tokens=True)["input_ids"]
                 assert c_ids[: len(f_ids)] == f_ids, "choice tokens do not extend the prompt's"
                 conts.append(c_ids[len(f_ids) :])
+            first, _ = self._run(f_ids, 1)
             lps: dict[str, float] = {}
-            if all(len(c) == 1 for c in conts):
-                lp = self._logits(f_ids, 1)[0]
-                for label, c in zip(q.choices, conts):
-                    lps[label] = float(lp[c[0]])
-            else:
-                for label, c in zip(q.choices, conts):
-                    lp = self._logits(f_ids + c, len(c) + 1)
+            if self.prefix_cache and any(len(c) > 1 for c in conts):
+                self._remember(f_ids[:-1])
+            for label, c in zip(q.choices, conts):
+                if len(c) == 1:
+                    lps[label] = float(first[0, c[0]])
+                else:
+                    lp, _ = self._run(f_ids + c[:-1], len(c))
                     lps[label] = math.fsum(float(lp[i, t]) for i, t in enumerate(c))
             out[q.id] = lps
         return out
