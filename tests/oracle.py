@@ -64,7 +64,8 @@ class Oracle:
         """``{question id: {label: logprob}}`` for one message."""
         head = self.pack.preamble + self.pack.render_prompt(fields)
         questions = self.pack.expand()
-        fulls = [self.tok(head + self.pack.render_question(q), add_special_tokens=True)["input_ids"] for q in questions]
+        texts = [head + self.pack.render_question(q) for q in questions]
+        fulls = [self.tok(t, add_special_tokens=True)["input_ids"] for t in texts]
         if self.prefix_cache:  # one message's caches at a time, beside the preamble's
             self.caches = {k: v for k, v in self.caches.items() if k == self.preamble_key}
             shared = min(len(f) for f in fulls) - 1
@@ -73,8 +74,7 @@ class Oracle:
             if shared > len(self.preamble_key):
                 self._remember(fulls[0][:shared])
         out: dict[str, dict[str, float]] = {}
-        for q, f_ids in zip(questions, fulls):
-            full = head + self.pack.render_question(q)
+        for q, full, f_ids in zip(questions, texts, fulls):
             conts = []
             for label in q.choices:
                 c_ids = self.tok(full + self.pack.answer_prefix + label, add_special_tokens=True)["input_ids"]
