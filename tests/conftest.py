@@ -29,7 +29,8 @@ def dataset(name: str, n: int) -> tuple[dict, ...]:
     """The first ``n`` rows of ``../shared/data/<name>/dev.jsonl`` (a fixed pseudo-random order)."""
     path = data_dir() / name / "dev.jsonl"
     if not path.exists():
-        pytest.skip(f"{path} not found (set SPINF_DATA_DIR)")
+        # the data sits beside the repo in dev and CI checkouts: its absence is an error, not a skip
+        pytest.fail(f"{path} not found: put ../shared/data beside the repo or set SPINF_DATA_DIR")
     rows = []
     with open(path, "rb") as f:
         for line in f:

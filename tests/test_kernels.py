@@ -55,7 +55,10 @@ class TritonRunner:
 
     def __init__(self) -> None:
         if not INTERPRET and not torch.cuda.is_available():
-            pytest.skip("TRITON_INTERPRET is off and there is no GPU")
+            pytest.skip(
+                "Triton kernels need TRITON_INTERPRET=1 (this file's default; CI runs them so) or a CUDA GPU;"
+                " TRITON_INTERPRET was set off and there is no GPU"
+            )
         self.device = "cpu" if INTERPRET else "cuda"
         # Interpreter mode requested, but Triton was imported without it: use a fresh process.
         fresh = INTERPRET and _TRITON_ALREADY_IMPORTED
