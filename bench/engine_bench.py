@@ -59,7 +59,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from spinf_stream.engine import Engine, Message  # noqa: E402
-from spinf_stream.layout import PreparedMessage, plan_passes  # noqa: E402
+from spinf_stream.layout import plan_passes  # noqa: E402
+from spinf_stream.segment import PreparedMessage  # noqa: E402
 from spinf_stream.packs import ExpandedQuestion, Pack, QuestionSpec, load_pack  # noqa: E402
 from spinf_stream.records import ErrorRecord  # noqa: E402
 

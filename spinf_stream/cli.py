@@ -32,7 +32,7 @@ class SpinfStream(BaseSettings):
 
 
 def _friendly_errors() -> tuple[type[BaseException], ...]:
-    from .layout import LayoutError
+    from .segment import LayoutError
     from .models import UnsupportedModel
     from .models.weights import ModelLoadError, ModelNotInstalled
     from .packs import PackError

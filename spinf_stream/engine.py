@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .layout import LayoutError, PreparedMessage, Segmenter, build_pass, plan_passes, preamble_pass
+from .layout import build_pass, plan_passes, preamble_pass
+from .segment import LayoutError, PreparedMessage, Segmenter
 from .models import Decoder, load_decoder
 from .models.decoder import PrefixKV
 from .packs import Pack, load_pack
@@ -56,7 +57,7 @@ class Engine:
         token_budget: tokens per forward pass (default 16,384).
 
     Raises:
-        spinf_stream.layout.LayoutError: a choice whose tokens merge with its question's.
+        spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
     """
 
     def __init__(

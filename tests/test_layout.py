@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spinf_stream.layout import LayoutError, Segmenter, _build_branch, plan_passes
+from spinf_stream.layout import plan_passes
+from spinf_stream.segment import LayoutError, Segmenter, _build_branch
 from spinf_stream.packs import load_pack
 
 TRICKY = [
