@@ -154,9 +154,23 @@ class ScoringSettings(BaseSettings):
         60.0, gt=0, description="On SIGTERM/SIGINT: how long to drain, write and commit before giving up (s)."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level (message content is never logged).")
-    health_file: Path | None = Field(
-        None,
-        description="Touch this file every second while the consumer loop is alive (for container healthchecks).",
+    metrics_port: int = Field(
+        9464, ge=0, le=65535,
+        description="Port of the HTTP endpoint with /metrics (Prometheus), /healthz and /readyz (0 = off).",
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address the metrics and health endpoint listens on.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or as JSON objects (time, level, logger, message, fields), one per line."
+    )
+    status_interval_s: float = Field(
+        30.0, ge=0, description="Seconds between status lines at INFO (consumed, scored, dead-lettered, lag, questions/s); 0 = none."
+    )
+    lag_interval_s: float = Field(
+        5.0, gt=0, description="Seconds between samples of consumer lag (messages and seconds), in-flight records and paused partitions."
+    )
+    liveness_timeout_s: float = Field(
+        300.0, gt=0,
+        description="/healthz fails when one engine batch runs, or the event loop stalls, longer than this (s).",
     )
 
     @field_validator("input_topic", mode="before")

@@ -33,6 +33,15 @@ class Message:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RunStats:
+    """What one :meth:`Engine.run` computed: ``passes`` forward passes over ``tokens_computed``
+    tokens (every token of every pass, content re-run with a message split over passes included)."""
+
+    passes: int = 0
+    tokens_computed: int = 0
+
+
 def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
     return ErrorRecord(id=msg_id, error=ErrorInfo(kind=kind, message=message))
 
@@ -74,6 +83,7 @@ class Engine:
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
         self.questions = self.segmenter.questions
         self.prefix: PrefixKV | None = self._prefill_preamble()
+        self.last_run = RunStats()  # of the latest run(); read by the stream's telemetry
 
     @classmethod
     def load(
@@ -146,8 +156,10 @@ class Engine:
         # logprob sums per (message position, question, choice)
         sums: list[dict[int, list[float]]] = [{} for _ in prepared]
         order = {id(p): i for i, p in enumerate(prepared)}
+        passes = computed = 0
         for works in plan_passes(prepared, self.token_budget):
             layout = build_pass(works)
+            passes, computed = passes + 1, computed + layout.n_tokens
             hidden, _ = self.decoder.forward(layout, self.prefix)
             rows: list[int] = []
             toks: list[int] = []
@@ -167,6 +179,7 @@ class Engine:
             for (mi, q, ci), lp in zip(slots, lps):
                 per_q = sums[mi].setdefault(q, [0.0] * len(self.questions[q].choices))
                 per_q[ci] += lp  # float64 sum in token order: deterministic
+        self.last_run = RunStats(passes, computed)
         return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
 
     def _record(self, p: PreparedMessage, sums: dict[int, list[float]]) -> ScoreRecord:

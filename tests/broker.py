@@ -93,6 +93,8 @@ def run_settings(t: Topics, **overrides: Any) -> RunSettings:
         "heartbeat_interval_ms": 300,
         "max_poll_interval_ms": 20000,
         "shutdown_timeout_s": 60,
+        # no HTTP endpoint unless a test asks for one: tests and scorer processes run side by side
+        "metrics_port": 0,
     }
     values.update(overrides)
     return RunSettings.model_validate(values)

@@ -1,15 +1,23 @@
-"""Process-level glue of ``spinf-stream run``: logging, loading the engine, signals, exit codes."""
+"""Process-level glue of ``spinf-stream run``: logging, telemetry and its HTTP endpoint, loading
+the engine, signals, exit codes."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from spinf_stream.config import RunSettings, ScoringSettings
 from spinf_stream.stream.service import ScoringService
+from spinf_stream.telemetry import StreamTelemetry, create_telemetry
+from spinf_stream.telemetry.logs import LogFormat
+from spinf_stream.telemetry.logs import configure_logging as _configure_logging
+from spinf_stream.telemetry.providers import TelemetryConfigError
+from spinf_stream.telemetry.server import OpsServer, OpsServerError
 
 log = logging.getLogger("spinf_stream.stream")
 
@@ -19,13 +27,54 @@ EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` (aiokafka at WARNING unless DEBUG); no-op if already configured."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("spinf_stream").setLevel(level)
-    logging.getLogger("aiokafka").setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+def configure_logging(level: str, fmt: LogFormat = "text") -> None:
+    """Log to stderr at ``level`` in ``fmt`` (``text`` or ``json``; see :mod:`spinf_stream.telemetry.logs`)."""
+    _configure_logging(level, fmt)
+
+
+class OperationsError(RuntimeError):
+    """Telemetry or its endpoint cannot start (port in use, bad ``OTEL_*`` setting)."""
+
+
+@contextmanager
+def operations(settings: ScoringSettings, *, endpoint_required: bool = True) -> Iterator[StreamTelemetry]:
+    """Telemetry for ``settings`` and, unless ``--metrics-port 0``, its HTTP endpoint (``/metrics``,
+    ``/healthz``, ``/readyz``), up before the model loads so that probes answer during the load;
+    on exit the endpoint stops and the exporters flush. With ``endpoint_required=False`` (``dev``)
+    a port that cannot be bound is a warning, not an error.
+
+    Raises:
+        OperationsError: the port cannot be bound, or an ``OTEL_*`` variable is unusable.
+    """
+    try:
+        telemetry = create_telemetry(settings)
+    except TelemetryConfigError as exc:
+        raise OperationsError(str(exc)) from exc
+    server = None
+    if settings.metrics_port:
+        try:
+            server = OpsServer(
+                settings.metrics_host, settings.metrics_port, telemetry.health, telemetry.providers.registry
+            ).start()
+        except OpsServerError as exc:
+            if endpoint_required:
+                telemetry.providers.shutdown()
+                raise OperationsError(str(exc)) from exc
+            log.warning("%s; running without it", exc)
+    try:
+        yield telemetry
+    finally:
+        if server is not None:
+            server.stop()
+        telemetry.providers.shutdown()
+
+
+def load_engine_timed(settings: ScoringSettings, telemetry: StreamTelemetry) -> Any:
+    """:func:`load_engine`, its duration recorded as ``spinf.model.load.duration``."""
+    t0 = time.perf_counter()
+    engine = load_engine(settings)
+    telemetry.model_load_time(time.perf_counter() - t0)
+    return engine
 
 
 def load_engine(settings: ScoringSettings) -> Any:
@@ -78,12 +127,18 @@ async def serve(service: ScoringService) -> int:
 
 
 def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
-    """``spinf-stream run``: load the engine (unless given), then score until a signal; exit code."""
-    configure_logging(settings.log_level)
-    if scorer is None:
-        try:
-            scorer = load_engine(settings)
-        except Exception as exc:
-            log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
-            return EXIT_CONFIG
-    return asyncio.run(serve(ScoringService(settings, scorer)))
+    """``spinf-stream run``: start telemetry, load the engine (unless given), then score until a
+    signal; exit code."""
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        with operations(settings) as telemetry:
+            if scorer is None:
+                try:
+                    scorer = load_engine_timed(settings, telemetry)
+                except Exception as exc:
+                    log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
+                    return EXIT_CONFIG
+            return asyncio.run(serve(ScoringService(settings, scorer, telemetry=telemetry)))
+    except OperationsError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG

@@ -16,12 +16,21 @@ from typing import Any
 import orjson
 
 from spinf_stream.config import DevSettings, RunSettings, ScoringSettings
-from spinf_stream.stream.app import EXIT_CONFIG, EXIT_OK, configure_logging, load_engine, serve
+from spinf_stream.stream.app import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    OperationsError,
+    configure_logging,
+    load_engine_timed,
+    operations,
+    serve,
+)
 from spinf_stream.stream.broker import BrokerError, EmbeddedBroker
 from spinf_stream.stream.consume import format_record, read_topics
 from spinf_stream.stream.produce import lines_of, produce_lines
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.stream.topics import ensure_topics
+from spinf_stream.telemetry import StreamTelemetry
 
 log = logging.getLogger("spinf_stream.stream")
 
@@ -41,12 +50,14 @@ def _read_input(path: Any) -> list[bytes]:
         return lines_of(f)
 
 
-async def run_dev_async(settings: DevSettings, broker: EmbeddedBroker, scorer: Any) -> int:
+async def run_dev_async(
+    settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None
+) -> int:
     run_settings = dev_run_settings(settings, broker.bootstrap_servers)
     kafka = run_settings.client_kwargs()
     topics = [*run_settings.input_topic, run_settings.output_topic, run_settings.dlq_topic]
     await ensure_topics(kafka, topics, partitions=settings.partitions)
-    service = ScoringService(run_settings, scorer)
+    service = ScoringService(run_settings, scorer, telemetry=telemetry)
     scorer_task = asyncio.create_task(serve(service))
 
     expected: set[tuple[str, int, int]] | None = None
@@ -93,7 +104,7 @@ async def run_dev_async(settings: DevSettings, broker: EmbeddedBroker, scorer: A
 
 def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
     """``spinf-stream dev``; returns the exit code."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if settings.until_done and settings.input is None:
         log.error("--until-done needs --input")
         return EXIT_CONFIG
@@ -104,13 +115,17 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
         return EXIT_CONFIG
     try:
         print(f"embedded Kafka broker (Tansu) on {broker.bootstrap_servers}", file=sys.stderr, flush=True)
-        if scorer is None:
-            try:
-                scorer = load_engine(settings)
-            except Exception as exc:
-                log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
-                return EXIT_CONFIG
-        code = asyncio.run(run_dev_async(settings, broker, scorer))
-        return EXIT_OK if code is None else code
+        with operations(settings, endpoint_required=False) as telemetry:
+            if scorer is None:
+                try:
+                    scorer = load_engine_timed(settings, telemetry)
+                except Exception as exc:
+                    log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
+                    return EXIT_CONFIG
+            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry))
+            return EXIT_OK if code is None else code
+    except OperationsError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
     finally:
         broker.stop()

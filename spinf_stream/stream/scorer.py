@@ -10,6 +10,7 @@ Both helpers here are blocking; the service calls them in worker threads.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -17,6 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from spinf_stream.records import ErrorInfo, ErrorRecord
 from spinf_stream.stream.codec import TEXT_FIELD
 from spinf_stream.stream.records import Truncation
+from spinf_stream.telemetry import EngineWork
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +144,28 @@ def run_isolating(scorer: Scorer, prepared: Sequence[Any]) -> list[Any]:
         for item in prepared:
             out.extend(run_isolating(scorer, [item]))
         return out
+
+
+def run_measured(scorer: Scorer, prepared: Sequence[Any]) -> tuple[list[Any], float, EngineWork]:
+    """:func:`run_isolating`, timed: ``(records, seconds, work)``. ``work`` is what the engine
+    reports of its latest run (``Engine.last_run``: passes, tokens computed), or unknown for a
+    scorer that does not say; after a one-by-one retry it covers the last item only. Blocking."""
+    t0 = time.perf_counter()
+    records = run_isolating(scorer, prepared)
+    seconds = time.perf_counter() - t0
+    last = getattr(scorer, "last_run", None)
+    work = EngineWork(getattr(last, "passes", None), getattr(last, "tokens_computed", None))
+    return records, seconds, work
+
+
+def scorer_info(scorer: Scorer) -> dict[str, str]:
+    """``{model, pack, pack_version, device, dtype}`` of a scorer, as strings (``unknown`` where
+    it does not say), for the ``spinf.info`` metric."""
+    decoder = getattr(scorer, "decoder", None)
+    return {
+        "model": str(scorer.model_name),
+        "pack": str(scorer.pack.name),
+        "pack_version": str(scorer.pack.version),
+        "device": str(getattr(decoder, "device", "unknown")),
+        "dtype": str(getattr(decoder, "dtype", "unknown")).removeprefix("torch."),
+    }

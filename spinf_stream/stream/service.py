@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -49,8 +48,10 @@ from spinf_stream.stream.scorer import (
     engine_message_factory,
     is_error,
     prepare_messages,
-    run_isolating,
+    run_measured,
+    scorer_info,
 )
+from spinf_stream.telemetry import PartitionSample, Sample, StreamTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class _Outgoing:
     value: bytes
     key: bytes | None
     headers: list[tuple[str, bytes]]
+    error_type: str | None = None  # the dead-letter kind; None for a score
 
 
 @dataclass(eq=False, slots=True)
@@ -76,9 +78,12 @@ class _Slot:
 
     record: Any  # aiokafka ConsumerRecord
     part: _Partition
+    read_at: float = 0.0  # time.monotonic() when consumed
     message_id: str | None = None
     truncated: Any = None
     out: _Outgoing | None = None
+    batch: Any = None  # telemetry's BatchTrace of the engine batch it was in
+    span: Any = None  # telemetry's span of the written record (tracing only)
 
 
 @dataclass(eq=False)
@@ -89,6 +94,8 @@ class _Partition:
     offsets: PartitionOffsets = field(default_factory=PartitionOffsets)
     queue: deque[_Slot] = field(default_factory=deque)  # consumed, not yet released for writing
     revoked: bool = False
+    # (offset, timestamp ms) of consumed records, oldest first; trimmed when sampled (time lag)
+    stamps: deque[tuple[int, int]] = field(default_factory=deque)
 
 
 @dataclass
@@ -132,6 +139,7 @@ class ScoringService:
         settle_timeout_s: on a rebalance, how long to wait for in-flight work of revoked
             partitions to be written before dropping it (default: a quarter of
             ``max_poll_interval_ms``, at most 30 s).
+        telemetry: metrics, traces and health (default: off, health state only).
     """
 
     def __init__(
@@ -141,9 +149,12 @@ class ScoringService:
         *,
         make_message: MessageFactory | None = None,
         settle_timeout_s: float | None = None,
+        telemetry: StreamTelemetry | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
+        self.telemetry = telemetry if telemetry is not None else StreamTelemetry.off()
+        self.telemetry.scorer_ready(scorer_info(scorer))
         self._make_message = make_message
         self.stats = ServiceStats()
         self._settle_timeout_s = (
@@ -176,6 +187,7 @@ class ScoringService:
         if not self._stop_requested.is_set():
             log.info("stop requested: draining")
         self._stop_requested.set()
+        self.telemetry.health.stopping()
 
     @property
     def stopping(self) -> bool:
@@ -214,6 +226,7 @@ class ScoringService:
         try:
             self._consumer.subscribe(s.input_topic, listener=_Listener(self))
             await self._consumer.start()
+            self.telemetry.health.consumer_started()
             log.info(
                 "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s",
                 ",".join(s.input_topic), s.output_topic, s.dlq_topic, s.group_id, *self._pack, self._model,
@@ -222,6 +235,7 @@ class ScoringService:
                 asyncio.create_task(self._guard(self._engine_loop()), name="spinf-engine"),
                 asyncio.create_task(self._guard(self._send_loop()), name="spinf-send"),
                 asyncio.create_task(self._guard(self._commit_loop()), name="spinf-commit"),
+                asyncio.create_task(self._telemetry_loop(), name="spinf-telemetry"),
             ]
             graceful = self.drained = await self._poll_loop()
         finally:
@@ -265,6 +279,7 @@ class ScoringService:
         if self._fatal is None:
             log.error("scorer failing: %s: %s", type(exc).__name__, exc)
             self._fatal = exc
+            self.telemetry.failed(exc)
         self._progress.set()
 
     def _unacked(self) -> int:
@@ -278,13 +293,11 @@ class ScoringService:
         consumer = self._consumer
         assert consumer is not None
         deadline: float | None = None
-        touched = 0.0
+        health = self.telemetry.health
         while True:
+            health.beat()
             if self._fatal is not None:
                 return False
-            if s.health_file is not None and time.monotonic() - touched >= 1.0:
-                touched = time.monotonic()
-                _touch(s.health_file)
             if self._stop_requested.is_set():
                 if deadline is None:
                     deadline = time.monotonic() + s.shutdown_timeout_s
@@ -325,17 +338,22 @@ class ScoringService:
         s = self.settings
         to_prepare: list[_Slot] = []
         messages: list[tuple[str, dict[str, Any]]] = []
+        now = time.monotonic()
         for tp, records in data.items():
             part = self._parts.get(tp)
             if part is None or part.revoked:
                 part = self._parts[tp] = _Partition(tp)
+            fresh = 0
             for rec in records:
                 last = part.offsets.last_tracked
                 if last is not None and rec.offset <= last:
                     continue  # already in flight (re-delivery after a seek)
                 part.offsets.track(rec.offset)
-                slot = _Slot(rec, part)
+                if rec.timestamp is not None and rec.timestamp >= 0:
+                    part.stamps.append((rec.offset, rec.timestamp))
+                slot = _Slot(rec, part, now)
                 part.queue.append(slot)
+                fresh += 1
                 self.stats.consumed += 1
                 if self.stats.first_consumed_at is None:
                     self.stats.first_consumed_at = time.monotonic()
@@ -352,6 +370,7 @@ class ScoringService:
                     slot.message_id = decoded.id
                     to_prepare.append(slot)
                     messages.append((decoded.id, decoded.fields))
+            self.telemetry.consumed(tp.topic, tp.partition, fresh)
         for tp in data:  # dead letters at the head of a partition can go now
             part = self._parts.get(tp)
             if part is not None:
@@ -389,13 +408,23 @@ class ScoringService:
                 continue
             self.stats.batches += 1
             self.stats.batch_messages += len(live)
-            records = await loop.run_in_executor(
-                self._engine_pool, run_isolating, self.scorer, [item for _, item in live]
+            tokens = sum(int(item.n_tokens) for _, item in live)
+            started = time.monotonic()
+            batch_trace = self.telemetry.batch_started(
+                [slot.record.headers for slot, _ in live], [started - slot.read_at for slot, _ in live], tokens
+            )
+            records, seconds, work = await loop.run_in_executor(
+                self._engine_pool, run_measured, self.scorer, [item for _, item in live]
+            )
+            self.telemetry.batch_finished(
+                batch_trace, seconds, sum(len(r.scores) for r in records if not is_error(r)), work, tokens,
+                written=sum(not slot.part.revoked for slot, _ in live),
             )
             touched: dict[TopicPartition, _Partition] = {}
             for (slot, _), rec in zip(live, records):
                 if slot.part.revoked:
                     continue
+                slot.batch = batch_trace
                 if is_error(rec):
                     self._dead_letter(slot, rec.error.kind, rec.error.message, message_id=slot.message_id, release=False)
                 else:
@@ -416,12 +445,10 @@ class ScoringService:
         if slot.truncated is not None:
             body["truncated"] = slot.truncated.model_dump(mode="json")
         rec = slot.record
-        slot.out = _Outgoing(
-            topic=self.settings.output_topic,
-            value=orjson.dumps(body),
-            key=rec.key,
-            headers=output_headers(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model),
-        )
+        topic = self.settings.output_topic
+        headers = output_headers(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model)
+        headers, slot.span = self.telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
+        slot.out = _Outgoing(topic=topic, value=orjson.dumps(body), key=rec.key, headers=headers)
         self.stats.scored += 1
 
     def _dead_letter(
@@ -447,14 +474,12 @@ class ScoringService:
             pack=self._pack,
             model=self._model,
         )
-        slot.out = _Outgoing(
-            topic=self.settings.dlq_topic,
-            value=dead_letter_bytes(record),
-            key=rec.key,
-            headers=output_headers(
-                rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
-            ),
+        topic = self.settings.dlq_topic
+        headers = output_headers(
+            rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
         )
+        headers, slot.span = self.telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
+        slot.out = _Outgoing(topic=topic, value=dead_letter_bytes(record), key=rec.key, headers=headers, error_type=kind)
         self.stats.dead_lettered += 1
         log.debug("dead letter %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, kind)
         if release:
@@ -499,6 +524,11 @@ class ScoringService:
             return
         self.stats.acked += 1
         self.stats.last_acked_at = time.monotonic()
+        rec = slot.record
+        self.telemetry.acked(
+            rec.topic, rec.partition, rec.timestamp, slot.read_at,
+            slot.out.error_type if slot.out is not None else None, slot.span, slot.batch,
+        )
         if not slot.part.revoked:
             slot.part.offsets.ack(slot.record.offset)
         self._progress.set()
@@ -534,17 +564,69 @@ class ScoringService:
             # e.g. a rebalance is in progress: the listener commits revoked partitions itself,
             # and the next round retries the others.
             log.warning("commit failed (will retry): %s", exc)
+            self.telemetry.commit_failed(exc)
             return
+        self.telemetry.committed()
         for p in chosen:
             if p.tp in offsets:
                 p.offsets.mark_committed(offsets[p.tp])
                 self.stats.committed[p.tp] = offsets[p.tp]
         self.stats.commits += 1
 
+    # -- telemetry ----------------------------------------------------------------------------
+
+    async def _telemetry_loop(self) -> None:
+        """Every ``--lag-interval-s``: hand the telemetry a sample of lag and flow state. A failed
+        sample (e.g. the broker is unreachable) is logged and skipped, never fatal."""
+        while True:
+            await asyncio.sleep(self.telemetry.lag_interval_s)
+            try:
+                self.telemetry.observe(await self._sample())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("telemetry sample failed: %s: %s", type(exc).__name__, exc)
+
+    async def _sample(self) -> Sample:
+        """Lag per assigned partition (log end offset - committed offset; the member's own commit,
+        else the group's, else the log start with ``--auto-offset-reset earliest``) and the
+        timestamp of its oldest unwritten record (records not yet read are newer: the consumer
+        reads a partition in order)."""
+        consumer = self._consumer
+        assert consumer is not None
+        assigned = sorted(consumer.assignment())
+        ends = await consumer.end_offsets(assigned) if assigned else {}
+        committed: dict[TopicPartition, int | None] = {}
+        for tp in assigned:
+            part = self._parts.get(tp)
+            committed[tp] = self.stats.committed.get(tp) if part is not None else None
+            if committed[tp] is None:
+                committed[tp] = await consumer.committed(tp)
+        unknown = [tp for tp, c in committed.items() if c is None]
+        if unknown and self.settings.auto_offset_reset == "earliest":
+            committed.update(await consumer.beginning_offsets(unknown))
+        paused = consumer.paused()
+        samples = []
+        for tp in assigned:
+            part = self._parts.get(tp)
+            oldest = None
+            if part is not None:
+                done = part.offsets.position
+                while part.stamps and done is not None and part.stamps[0][0] < done:
+                    part.stamps.popleft()
+                if part.offsets.unacked and part.stamps:
+                    oldest = part.stamps[0][1]
+            c = committed.get(tp)
+            lag = max(0, ends[tp] - c) if tp in ends and c is not None else None
+            samples.append(PartitionSample(tp.topic, tp.partition, lag, oldest, tp in paused))
+        st = self.stats
+        return Sample(tuple(samples), self._unacked(), st.consumed, st.scored, st.dead_lettered)
+
     # -- rebalance ----------------------------------------------------------------------------
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.stats.assignment = set(assigned)
+        self.telemetry.assigned(len(assigned))
         log.info("assigned partitions: %s", _fmt(assigned))
         if assigned:
             self.assigned.set()
@@ -555,6 +637,7 @@ class ScoringService:
         if not revoked:
             return  # the first join revokes nothing
         self.stats.rebalances += 1
+        self.telemetry.rebalanced()
         parts = [self._parts[tp] for tp in revoked if tp in self._parts]
         log.info("revoking partitions: %s", _fmt(revoked))
         deadline = time.monotonic() + self._settle_timeout_s
@@ -577,15 +660,6 @@ class ScoringService:
         if dropped:
             self.stats.dropped_on_revoke += dropped
             log.info("dropped %d in-flight records of revoked partitions (the next owner rescores them)", dropped)
-
-
-def _touch(path: Any) -> None:
-    try:
-        with open(path, "a"):
-            pass
-        os.utime(path)
-    except OSError as exc:
-        log.warning("cannot touch the health file: %s", exc)
 
 
 def _fmt(tps: set[TopicPartition]) -> str:

@@ -1,0 +1,394 @@
+"""What the scoring service reports, at a few named points: :class:`StreamTelemetry`.
+
+The service calls one method per event (a poll's records read, a batch started and finished, a
+record acknowledged, a commit, a rebalance) and hands over a :class:`Sample` of its state every
+``--lag-interval-s``; this class turns them into the metrics of :mod:`.metrics`, the spans of a
+batch, the health state, and the periodic status line. It knows topics, partitions, offsets,
+timestamps and counts, never Kafka clients, tensors, or message content.
+
+Traces (only when a tracer provider exists; otherwise every tracing branch is skipped):
+
+- ``spinf.batch`` (CONSUMER) per engine batch, with a link to each input record's producer span
+  (from its ``traceparent`` header; at most :data:`MAX_LINKS` per batch);
+- its children ``spinf.forward`` (the engine's forward passes) and ``spinf.produce`` (from the
+  end of the forward passes until the broker acknowledged the batch's last record);
+- ``spinf.record`` (PRODUCER) per written record, a child of the input record's producer span when
+  it had a ``traceparent`` (else of the batch span), linked to its batch; the written record's
+  ``traceparent`` header is this span, so the message's trace continues downstream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from spinf_stream.telemetry import metrics as m
+from spinf_stream.telemetry.health import Health
+from spinf_stream.telemetry.providers import Providers
+
+log = logging.getLogger("spinf_stream.stream.status")
+
+#: span links per batch span (OpenTelemetry's default span link limit)
+MAX_LINKS = 128
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSample:
+    """One assigned partition's state. ``lag``: log end offset - committed offset (``None`` when
+    unknown); ``oldest_unwritten_ms``: timestamp (ms since the epoch) of the oldest record read but
+    not yet acknowledged (``None`` when none is in flight)."""
+
+    topic: str
+    partition: int
+    lag: int | None
+    oldest_unwritten_ms: int | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The service's state at one moment (plain numbers; see :meth:`StreamTelemetry.observe`)."""
+
+    partitions: tuple[PartitionSample, ...] = ()
+    inflight: int = 0
+    consumed: int = 0
+    scored: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWork:
+    """What the engine computed for one batch: ``passes`` forward passes over ``tokens_computed``
+    tokens (``None``: the engine does not say)."""
+
+    passes: int | None = None
+    tokens_computed: int | None = None
+
+
+class BatchTrace:
+    """One engine batch as the telemetry sees it (returned by :meth:`StreamTelemetry.batch_started`)."""
+
+    __slots__ = ("span", "produce_span", "pending", "started_ns")
+
+    def __init__(self, span: Any, started_ns: int) -> None:
+        self.span = span
+        self.produce_span: Any = None
+        self.pending = 0  # records of this batch not yet acknowledged (tracing only)
+        self.started_ns = started_ns
+
+
+def _carrier(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    out = {}
+    for k, v in headers or ():
+        if k in TRACE_HEADERS and v is not None:
+            out[k] = bytes(v).decode("latin-1")
+    return out
+
+
+class StreamTelemetry:
+    """Metrics, spans, health and the status line of one scoring service.
+
+    Args:
+        providers: the SDK providers (:func:`~.providers.build_providers`); ``None`` members are off.
+        health: the liveness/readiness state the probes read.
+        group_id: the consumer group (an attribute of the messaging metrics).
+        token_budget: tokens per forward pass (batch fill = batch tokens / budget).
+        status_interval_s: seconds between status lines at INFO (0: none).
+        lag_interval_s: seconds between :class:`Sample` s the service takes.
+    """
+
+    def __init__(
+        self,
+        providers: Providers | None = None,
+        health: Health | None = None,
+        *,
+        group_id: str = "",
+        token_budget: int = 16384,
+        status_interval_s: float = 0.0,
+        lag_interval_s: float = 5.0,
+        clock: Any = time.time,
+    ) -> None:
+        self.providers = providers or Providers(None, None, None)
+        self.health = health or Health()
+        self.group_id = group_id
+        self.token_budget = token_budget
+        self.status_interval_s = status_interval_s
+        self.lag_interval_s = lag_interval_s
+        self._clock = clock
+        mp = self.providers.meter_provider
+        meter = (mp or otel_metrics.NoOpMeterProvider()).get_meter("spinf_stream")
+        tp = self.providers.tracer_provider
+        self._tracer = tp.get_tracer("spinf_stream") if tp is not None else None
+        self._sample = Sample()
+        self._attrs: dict[tuple[str, int], dict[str, Any]] = {}
+        self._topic_attrs: dict[str, dict[str, Any]] = {}
+        self._questions = 0
+        self._status_at: float | None = None
+        self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
+        self._i = self._instruments(meter)
+
+    @classmethod
+    def off(cls) -> StreamTelemetry:
+        """No exporter, no tracer: only the health state (the service's default)."""
+        return cls()
+
+    @property
+    def tracing(self) -> bool:
+        return self._tracer is not None
+
+    # -- instruments ------------------------------------------------------------------------------
+
+    def _instruments(self, meter: Any) -> dict[str, Any]:
+        observed = {
+            "spinf.inflight.records": self._observe_inflight,
+            "spinf.partitions.paused": self._observe_paused,
+            "spinf.partitions.assigned": self._observe_assigned,
+            "spinf.consumer.lag": self._observe_lag,
+            "spinf.consumer.time_lag": self._observe_time_lag,
+        }
+        out: dict[str, Any] = {}
+        for spec in m.METRICS:
+            kw = {"unit": spec.unit, "description": spec.question}
+            if spec.kind == "counter":
+                out[spec.name] = meter.create_counter(spec.name, **kw)
+            elif spec.kind == "histogram":
+                out[spec.name] = meter.create_histogram(
+                    spec.name, explicit_bucket_boundaries_advisory=list(spec.buckets or ()), **kw
+                )
+            elif spec.name in observed:
+                out[spec.name] = meter.create_observable_gauge(spec.name, callbacks=[observed[spec.name]], **kw)
+            else:
+                out[spec.name] = meter.create_gauge(spec.name, **kw)
+        return out
+
+    def _partition_attrs(self, topic: str, partition: int) -> dict[str, Any]:
+        key = (topic, partition)
+        a = self._attrs.get(key)
+        if a is None:
+            a = self._attrs[key] = {m.SYSTEM: "kafka", m.GROUP: self.group_id, m.TOPIC: topic, m.PARTITION: str(partition)}
+        return a
+
+    def _topic(self, topic: str) -> dict[str, Any]:
+        a = self._topic_attrs.get(topic)
+        if a is None:
+            a = self._topic_attrs[topic] = {m.SYSTEM: "kafka", m.GROUP: self.group_id, m.TOPIC: topic}
+        return a
+
+    # -- the process ------------------------------------------------------------------------------
+
+    def model_load_time(self, seconds: float) -> None:
+        """Loading the model (and pack) took ``seconds`` at start-up."""
+        self._i["spinf.model.load.duration"].set(seconds)
+
+    def scorer_ready(self, info: dict[str, str]) -> None:
+        """The scorer is loaded: set the constant ``spinf.info`` metric from ``info`` (keys: model,
+        pack, pack_version, device, dtype) and mark the model loaded for readiness."""
+        self._i["spinf.info"].set(1, {
+            m.MODEL: info.get("model", ""), m.PACK: info.get("pack", ""), m.PACK_VERSION: info.get("pack_version", ""),
+            m.DEVICE: info.get("device", ""), m.DTYPE: info.get("dtype", ""), m.TOKEN_BUDGET: str(self.token_budget),
+        })
+        self.health.model_loaded()
+
+    # -- events from the service ------------------------------------------------------------------
+
+    def consumed(self, topic: str, partition: int, n: int) -> None:
+        """``n`` records of ``topic[partition]`` were read."""
+        self._i["messaging.client.consumed.messages"].add(n, self._partition_attrs(topic, partition))
+
+    def batch_started(self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int) -> BatchTrace:
+        """A batch of ``len(waited_s)`` records (``tokens`` packed tokens) goes to the engine;
+        ``waited_s``: each record's time since it was read; ``headers``: their Kafka headers
+        (read only when tracing)."""
+        i = self._i
+        n = len(waited_s)
+        i["spinf.batch.messages"].record(n)
+        i["spinf.batch.tokens"].record(tokens)
+        i["spinf.batch.fill"].record(min(1.0, tokens / self.token_budget))
+        q = i["spinf.queue.duration"]
+        for w in waited_s:
+            q.record(w)
+        self.health.engine_busy()
+        now = time.time_ns()
+        if self._tracer is None:
+            return BatchTrace(None, now)
+        links = []
+        for h in headers:
+            if len(links) >= MAX_LINKS:
+                break
+            carrier = _carrier(h)
+            if carrier:
+                ctx = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+                if ctx.is_valid:
+                    links.append(Link(ctx))
+        span = self._tracer.start_span(
+            "spinf.batch", kind=SpanKind.CONSUMER, links=links, start_time=now,
+            attributes={m.SYSTEM: "kafka", m.GROUP: self.group_id, "messaging.operation.type": "process",
+                        "messaging.batch.message_count": n, "spinf.batch.tokens": tokens},
+        )
+        return BatchTrace(span, now)
+
+    def batch_finished(self, batch: BatchTrace, seconds: float, questions: int, work: EngineWork, useful_tokens: int,
+                       written: int) -> None:
+        """The engine finished ``batch`` in ``seconds``, answering ``questions``; ``written``:
+        records of the batch that will be written (their acknowledgements end its spans)."""
+        self.health.engine_idle()
+        i = self._i
+        i["spinf.forward.duration"].record(seconds)
+        i["spinf.questions.answered"].add(questions)
+        self._questions += questions
+        if work.passes is not None:
+            i["spinf.forward.passes"].add(work.passes)
+        i["spinf.tokens.useful"].add(useful_tokens)
+        i["spinf.tokens.computed"].add(work.tokens_computed if work.tokens_computed is not None else useful_tokens)
+        if batch.span is None or self._tracer is None:
+            return
+        end = time.time_ns()
+        ctx = trace.set_span_in_context(batch.span)
+        fwd = self._tracer.start_span("spinf.forward", context=ctx, start_time=end - int(seconds * 1e9),
+                                      attributes={"spinf.forward.passes": work.passes or 0})
+        fwd.end(end_time=end)
+        batch.pending = written
+        batch.produce_span = self._tracer.start_span("spinf.produce", context=ctx, kind=SpanKind.PRODUCER, start_time=end)
+        if written == 0:
+            self._end_batch(batch)
+
+    def outgoing_headers(
+        self, headers: list[tuple[str, bytes]], input_headers: Any, out_topic: str, batch: BatchTrace | None
+    ) -> tuple[list[tuple[str, bytes]], Any]:
+        """The headers of a record to write, with ``traceparent`` continuing the input's trace,
+        and its ``spinf.record`` span (``None`` when tracing is off: headers unchanged)."""
+        if self._tracer is None:
+            return headers, None
+        carrier = _carrier(input_headers)
+        parent = _PROPAGATOR.extract(carrier) if carrier else None
+        batch_span = batch.span if batch is not None else None
+        links = []
+        if parent is None or not trace.get_current_span(parent).get_span_context().is_valid:
+            parent = trace.set_span_in_context(batch_span) if batch_span is not None else None
+        elif batch_span is not None:
+            links.append(Link(batch_span.get_span_context()))
+        span = self._tracer.start_span(
+            "spinf.record", context=parent, kind=SpanKind.PRODUCER, links=links,
+            attributes={m.SYSTEM: "kafka", m.TOPIC: out_topic, "messaging.operation.type": "send"},
+        )
+        out_carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(out_carrier, context=trace.set_span_in_context(span))
+        kept = [(k, v) for k, v in headers if k not in TRACE_HEADERS]
+        kept.extend((k, v.encode("latin-1")) for k, v in out_carrier.items())
+        return kept, span
+
+    def acked(
+        self, topic: str, partition: int, timestamp_ms: int | None, read_at: float, error_type: str | None,
+        span: Any = None, batch: BatchTrace | None = None,
+    ) -> None:
+        """The broker acknowledged the record written for ``topic[partition]`` (a dead letter when
+        ``error_type`` is set); ``read_at``: ``time.monotonic()`` when it was read."""
+        i = self._i
+        if error_type is None:
+            i["spinf.records.scored"].add(1, {m.TOPIC: topic, m.PARTITION: str(partition)})
+        else:
+            i["spinf.records.dead_lettered"].add(1, {m.TOPIC: topic, m.ERROR_TYPE: error_type})
+        attrs = self._topic(topic)
+        i["messaging.process.duration"].record(time.monotonic() - read_at, attrs)
+        if timestamp_ms is not None and timestamp_ms >= 0:
+            i["spinf.end_to_end.latency"].record(max(0.0, self._clock() - timestamp_ms / 1000), {m.TOPIC: topic})
+        if span is not None:
+            span.end()
+        if batch is not None and batch.produce_span is not None:
+            batch.pending -= 1
+            if batch.pending <= 0:
+                self._end_batch(batch)
+
+    def _end_batch(self, batch: BatchTrace) -> None:
+        if batch.produce_span is not None:
+            batch.produce_span.end()
+        if batch.span is not None:
+            batch.span.end()
+        batch.produce_span = batch.span = None
+
+    def committed(self) -> None:
+        self._i["spinf.commits"].add(1)
+
+    def commit_failed(self, exc: BaseException) -> None:
+        self._i["spinf.commit.failures"].add(1, {m.ERROR_TYPE: type(exc).__name__})
+
+    def rebalanced(self) -> None:
+        self._i["spinf.rebalances"].add(1)
+
+    def assigned(self, n_partitions: int) -> None:
+        self.health.assigned(n_partitions)
+
+    def failed(self, exc: BaseException) -> None:
+        self.health.failed(f"{type(exc).__name__}: {exc}"[:300])
+
+    # -- periodic state ---------------------------------------------------------------------------
+
+    def observe(self, sample: Sample) -> None:
+        """Take the service's latest state (the gauges read it at collection time) and write the
+        status line when one is due."""
+        self._sample = sample  # one assignment: the exporter's threads see old or new, never half
+        if self.status_interval_s <= 0:
+            return
+        now = time.monotonic()
+        if self._status_at is None:
+            self._status_at, self._status_last = now, (self._questions, sample.scored, sample.dead_lettered)
+            return
+        if now - self._status_at >= self.status_interval_s:
+            self._status(sample, now - self._status_at)
+            self._status_at, self._status_last = now, (self._questions, sample.scored, sample.dead_lettered)
+
+    def _status(self, s: Sample, dt: float) -> None:
+        q0, sc0, dl0 = self._status_last
+        lags = [p.lag for p in s.partitions if p.lag is not None]
+        now_ms = self._clock() * 1000
+        olds = [p.oldest_unwritten_ms for p in s.partitions if p.oldest_unwritten_ms is not None]
+        fields = {
+            "consumed": s.consumed, "scored": s.scored, "dead_lettered": s.dead_lettered,
+            "inflight": s.inflight, "lag": sum(lags) if lags else None,
+            "time_lag_s": round(max(0.0, (now_ms - min(olds)) / 1000), 3) if olds else 0.0,
+            "records_per_s": round((s.scored + s.dead_lettered - sc0 - dl0) / dt, 2),
+            "questions_per_s": round((self._questions - q0) / dt, 2),
+            "partitions": len(s.partitions), "paused": sum(p.paused for p in s.partitions),
+        }
+        log.info(
+            "status: consumed %d, scored %d, dead-lettered %d, in flight %d, lag %s messages (%.1f s), "
+            "%.1f records/s, %.1f questions/s",
+            s.consumed, s.scored, s.dead_lettered, s.inflight, "?" if fields["lag"] is None else fields["lag"],
+            fields["time_lag_s"], fields["records_per_s"], fields["questions_per_s"],
+            extra=fields,
+        )
+
+    def _observe_inflight(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(self._sample.inflight)
+
+    def _observe_paused(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(sum(p.paused for p in self._sample.partitions))
+
+    def _observe_assigned(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(len(self._sample.partitions))
+
+    def _lag_attrs(self, p: PartitionSample) -> dict[str, Any]:
+        return {m.GROUP: self.group_id, m.TOPIC: p.topic, m.PARTITION: str(p.partition)}
+
+    def _observe_lag(self, options: CallbackOptions) -> Iterable[Observation]:
+        for p in self._sample.partitions:
+            if p.lag is not None:
+                yield Observation(p.lag, self._lag_attrs(p))
+
+    def _observe_time_lag(self, options: CallbackOptions) -> Iterable[Observation]:
+        now_ms = self._clock() * 1000
+        for p in self._sample.partitions:
+            age = 0.0 if p.oldest_unwritten_ms is None else max(0.0, (now_ms - p.oldest_unwritten_ms) / 1000)
+            yield Observation(age, self._lag_attrs(p))
