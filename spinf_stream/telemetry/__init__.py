@@ -28,15 +28,17 @@ def create_telemetry(
     metric_readers: Sequence[Any] = (),
     span_exporter: Any = None,
     environ: Mapping[str, str] | None = None,
+    prometheus: bool | None = None,
 ) -> StreamTelemetry:
     """The telemetry of a scorer run with ``settings``: Prometheus reader when ``--metrics-port``
-    is not 0, OTLP from the environment, ``--status-interval-s``, ``--liveness-timeout-s``.
+    is not 0 (or as ``prometheus`` says), OTLP from the environment, ``--status-interval-s``,
+    ``--lag-interval-s``, ``--liveness-timeout-s``.
 
     Raises:
         spinf_stream.telemetry.providers.TelemetryConfigError: an unusable ``OTEL_*`` setting.
     """
     providers = build_providers(
-        prometheus=settings.metrics_port != 0, metric_readers=metric_readers,
+        prometheus=settings.metrics_port != 0 if prometheus is None else prometheus, metric_readers=metric_readers,
         span_exporter=span_exporter, environ=environ,
     )
     return StreamTelemetry(

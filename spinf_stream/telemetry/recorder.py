@@ -163,6 +163,8 @@ class StreamTelemetry:
             kw = {"unit": spec.unit, "description": spec.question}
             if spec.kind == "counter":
                 out[spec.name] = meter.create_counter(spec.name, **kw)
+                if not spec.attributes or spec.name == "spinf.commit.failures":
+                    out[spec.name].add(0)  # exported as 0 from the start: rate() works before the first event
             elif spec.kind == "histogram":
                 out[spec.name] = meter.create_histogram(
                     spec.name, explicit_bucket_boundaries_advisory=list(spec.buckets or ()), **kw
