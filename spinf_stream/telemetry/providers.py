@@ -65,6 +65,15 @@ def _wants_otlp(environ: Mapping[str, str], signal: str) -> bool:
     return bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
 
 
+def _endpoint(environ: Mapping[str, str], signal: str) -> str:
+    """The signal's URL: ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` as is, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/<signal>`` (the OTLP exporter specification's rule)."""
+    own = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if own:
+        return own
+    return environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + f"/v1/{signal}"
+
+
 def _check_protocol(environ: Mapping[str, str], signal: str) -> None:
     proto = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if proto and proto.strip() != "http/protobuf":
@@ -108,7 +117,7 @@ def build_providers(
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=_endpoint(env, "metrics"))))
     meter_provider = MeterProvider(metric_readers=readers, resource=resource) if readers else None
 
     tracer_provider: TracerProvider | None = None
@@ -120,5 +129,5 @@ def build_providers(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint(env, "traces"))))
     return Providers(meter_provider, tracer_provider, registry)
