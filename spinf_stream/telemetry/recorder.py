@@ -135,7 +135,7 @@ class StreamTelemetry:
         self._attrs: dict[tuple[str, int], dict[str, Any]] = {}
         self._topic_attrs: dict[str, dict[str, Any]] = {}
         self._questions = 0
-        self._status_at: float | None = None
+        self._status_at = time.monotonic()  # the first status line comes one interval after start
         self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
         self._i = self._instruments(meter)
 
@@ -344,9 +344,6 @@ class StreamTelemetry:
         if self.status_interval_s <= 0:
             return
         now = time.monotonic()
-        if self._status_at is None:
-            self._status_at, self._status_last = now, (self._questions, sample.scored, sample.dead_lettered)
-            return
         if now - self._status_at >= self.status_interval_s:
             self._status(sample, now - self._status_at)
             self._status_at, self._status_last = now, (self._questions, sample.scored, sample.dead_lettered)
