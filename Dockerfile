@@ -10,8 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SPINF_CACHE_DIR=/var/cache/spinf-stream \
-    SPINF_PACKS_DIR=/app/packs \
-    SPINF_HEALTH_FILE=/tmp/spinf-stream.alive
+    SPINF_PACKS_DIR=/app/packs
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -28,9 +27,11 @@ RUN pip install ".[${EXTRAS}]" \
  && chown spinf /var/cache/spinf-stream
 
 USER spinf
-# Alive while the consumer loop polls (it touches SPINF_HEALTH_FILE every second).
+# /metrics, /healthz, /readyz (SPINF_METRICS_PORT, default 9464). Healthy = /healthz answers 200:
+# the event loop turns and no engine batch is stuck past SPINF_LIVENESS_TIMEOUT_S.
+EXPOSE 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
-  CMD test -f "$SPINF_HEALTH_FILE" && test $(( $(date +%s) - $(stat -c %Y "$SPINF_HEALTH_FILE") )) -lt 30
+  CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SPINF_METRICS_PORT', '9464'), timeout=4)"
 
 # SIGTERM drains, writes and commits before exit: give it time (docker stop -t 60).
 STOPSIGNAL SIGTERM
