@@ -11,5 +11,6 @@ Data flows down this list; each module is named for what it is:
 - ``broker``, ``topics``, ``produce``, ``consume``: embedded Tansu broker and small client tools
 - ``app``, ``dev``, ``commands``: process glue and the ``run``/``dev``/``produce``/``consume`` commands
 
-Nothing here touches tensors: the engine is reached only through ``scorer.Scorer``.
+Nothing here touches tensors: the engine is reached only through ``scorer.Scorer``. Metrics,
+traces, health and the status line go through ``spinf_stream.telemetry.StreamTelemetry``.
 """

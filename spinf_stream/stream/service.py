@@ -591,7 +591,11 @@ class ScoringService:
         """Lag per assigned partition (log end offset - committed offset; the member's own commit,
         else the group's, else the log start with ``--auto-offset-reset earliest``) and the
         timestamp of its oldest unwritten record (records not yet read are newer: the consumer
-        reads a partition in order)."""
+        reads a partition in order).
+
+        The log end offset is the broker's ListOffsets answer, raised to the fetch high watermark
+        and to the last offset read + 1: the embedded Tansu answers ListOffsets with the last
+        batch's base offset + 1, not the last record's offset + 1."""
         consumer = self._consumer
         assert consumer is not None
         assigned = sorted(consumer.assignment())
@@ -617,7 +621,9 @@ class ScoringService:
                 if part.offsets.unacked and part.stamps:
                     oldest = part.stamps[0][1]
             c = committed.get(tp)
-            lag = max(0, ends[tp] - c) if tp in ends and c is not None else None
+            end = max(ends.get(tp, 0), consumer.highwater(tp) or 0,
+                      (part.offsets.last_tracked + 1) if part is not None and part.offsets.last_tracked is not None else 0)
+            lag = max(0, end - c) if c is not None else None
             samples.append(PartitionSample(tp.topic, tp.partition, lag, oldest, tp in paused))
         st = self.stats
         return Sample(tuple(samples), self._unacked(), st.consumed, st.scored, st.dead_lettered)
