@@ -217,6 +217,12 @@ def test_every_counter_and_histogram_the_dashboard_queries_moves_when_records_fl
     assert not still, f"did not move: {still}"
 
 
+def test_every_defined_metric_is_exported_under_its_prometheus_name(flow):
+    names = flow.after_rebalance.names()
+    missing = [m.name for m in METRICS if (m.prometheus + ("_count" if m.kind == "histogram" else "")) not in names]
+    assert not missing
+
+
 def test_every_gauge_the_dashboard_queries_has_a_value(flow):
     gauges = {m.prometheus for m in METRICS if m.kind == "gauge"} & dashboard.queried_series()
     assert gauges and all(flow.after_rebalance.has(g) for g in gauges)

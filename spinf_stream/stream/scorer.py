@@ -158,6 +158,16 @@ def run_measured(scorer: Scorer, prepared: Sequence[Any]) -> tuple[list[Any], fl
     return records, seconds, work
 
 
+def questions_answered(records: Sequence[Any]) -> int:
+    """Questions answered by ``records`` (each score record's ``scores`` has one entry per question)."""
+    n = 0
+    for r in records:
+        if not is_error(r):
+            scores = r.get("scores") if isinstance(r, dict) else getattr(r, "scores", None)
+            n += len(scores or ())
+    return n
+
+
 def scorer_info(scorer: Scorer) -> dict[str, str]:
     """``{model, pack, pack_version, device, dtype}`` of a scorer, as strings (``unknown`` where
     it does not say), for the ``spinf.info`` metric."""

@@ -48,6 +48,7 @@ from spinf_stream.stream.scorer import (
     engine_message_factory,
     is_error,
     prepare_messages,
+    questions_answered,
     run_measured,
     scorer_info,
 )
@@ -417,7 +418,7 @@ class ScoringService:
                 self._engine_pool, run_measured, self.scorer, [item for _, item in live]
             )
             self.telemetry.batch_finished(
-                batch_trace, seconds, sum(len(r.scores) for r in records if not is_error(r)), work, tokens,
+                batch_trace, seconds, questions_answered(records), work, tokens,
                 written=sum(not slot.part.revoked for slot, _ in live),
             )
             touched: dict[TopicPartition, _Partition] = {}
