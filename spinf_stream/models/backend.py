@@ -94,9 +94,10 @@ class Backend:
     def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias``: ``x [M, K]``, ``weight [N, K]`` → ``[M, N]`` in ``x.dtype``."""
         if isinstance(weight, QuantizedWeight):
-            from kernels import matmul_fp8
+            from kernels import matmul_fp8_ref, matmul_fp8_triton
 
-            y = matmul_fp8(x, weight.data, weight.scale)
+            fp8 = matmul_fp8_ref if self.name == "torch" else matmul_fp8_triton
+            y = fp8(x, weight.data, weight.scale)
         elif self.name == "torch":
             return blocks.linear(x, weight, bias)
         elif self.name == "cublas":
