@@ -12,18 +12,28 @@ depends on that row alone, so scores are bitwise independent of what else is in 
 
 from __future__ import annotations
 
+from .logsumexp import logsumexp, logsumexp_ref, logsumexp_triton
 from .matmul import matmul, matmul_ref, matmul_triton
+from .matmul_fp8 import matmul_fp8, matmul_fp8_ref, matmul_fp8_triton, quantize_rows
 from .rmsnorm import rms_norm, rms_norm_ref, rms_norm_triton
-from .tree_attention import TreeMask, tree_attention, tree_attention_ref, tree_attention_triton
+from .tree_attention import TreeMask, rows_per_block, tree_attention, tree_attention_ref, tree_attention_triton
 
 __all__ = [
     "TreeMask",
+    "logsumexp",
+    "logsumexp_ref",
+    "logsumexp_triton",
     "matmul",
     "matmul_ref",
     "matmul_triton",
+    "matmul_fp8",
+    "matmul_fp8_ref",
+    "matmul_fp8_triton",
+    "quantize_rows",
     "rms_norm",
     "rms_norm_ref",
     "rms_norm_triton",
+    "rows_per_block",
     "tree_attention",
     "tree_attention_ref",
     "tree_attention_triton",

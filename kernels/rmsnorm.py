@@ -3,9 +3,10 @@
 `offset` carries the families' conventions: 1.0 for Gemma (`(1 + w)`, weights stored as deltas
 from one), 0.0 for Llama, Qwen and Mistral.
 
-Invariance: the Triton kernel runs one program per row and sums the squares in a fixed order
+Invariance: the Triton kernel reduces each row on its own and sums the squares in a fixed order
 (`BLOCK_H`-wide chunks in increasing column order, then one tree reduction of the fp32 partials),
-so a row's bits depend on that row alone. `BLOCK_H` depends only on H, never on T.
+so a row's bits depend on that row alone. `BLOCK_H` and the rows per program depend only on H,
+never on T.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._triton import jit, tl
+from ._triton import cdiv, jit, tl
 
 __all__ = ["MAX_BLOCK_H", "rms_norm", "rms_norm_ref", "rms_norm_triton"]
 
@@ -24,28 +25,32 @@ MAX_BLOCK_H = 4096
 @jit()
 def _rms_norm_kernel(
     X, W, Y,
-    H, stride_xt, stride_yt,
+    T, H, stride_xt, stride_yt,
     eps, offset,
-    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # row x stride can pass 2**31 elements
+    # BLOCK_T rows per program, each reduced on its own along axis 1 (a row never meets another
+    # row's values); BLOCK_T is a function of H only, so a row's program shape never depends on T.
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    rows = rows.to(tl.int64)  # row x stride can pass 2**31 elements
     cols = tl.arange(0, BLOCK_H)
-    x_row = X + row * stride_xt
     # Pass 1: per-lane fp32 partial sums of squares, chunk after chunk, then one fixed tree sum.
-    partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    partial = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         h = h0 + cols
-        x = tl.load(x_row + h, mask=h < H, other=0.0).to(tl.float32)
+        m = row_ok[:, None] & (h < H)[None, :]
+        x = tl.load(X + rows[:, None] * stride_xt + h[None, :], mask=m, other=0.0).to(tl.float32)
         partial += x * x
-    inv_rms = 1.0 / tl.sqrt(tl.sum(partial, axis=0) / H + eps)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(partial, axis=1) / H + eps)
     # Pass 2: normalise and scale; the row is re-read rather than kept, so any H fits.
     for h0 in range(0, H, BLOCK_H):
         h = h0 + cols
-        mask = h < H
-        x = tl.load(x_row + h, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(W + h, mask=mask, other=0.0).to(tl.float32)
-        y = x * inv_rms * (offset + w)
-        tl.store(Y + row * stride_yt + h, y.to(Y.dtype.element_ty), mask=mask)
+        m = row_ok[:, None] & (h < H)[None, :]
+        x = tl.load(X + rows[:, None] * stride_xt + h[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(W + h, mask=h < H, other=0.0).to(tl.float32)
+        y = x * inv_rms[:, None] * (offset + w[None, :])
+        tl.store(Y + rows[:, None] * stride_yt + h[None, :], y.to(Y.dtype.element_ty), mask=m)
 
 
 def _check(x: Tensor, weight: Tensor) -> None:
@@ -61,8 +66,14 @@ def _block_h(H: int) -> int:
     return min(MAX_BLOCK_H, max(16, 1 << (H - 1).bit_length()))
 
 
+def _block_t(H: int) -> int:
+    """Rows per program: as many as fill one MAX_BLOCK_H-element tile (narrow rows such as
+    per-head q/k norms share a program); a function of H only."""
+    return max(1, MAX_BLOCK_H // _block_h(H))
+
+
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
-    """RMSNorm with the one-program-per-row Triton kernel (CUDA, or CPU under `TRITON_INTERPRET=1`).
+    """RMSNorm with the row-wise Triton kernel (CUDA, or CPU under `TRITON_INTERPRET=1`).
 
     Args:
         x: [T, H] hidden states, fp32/bf16/fp16; rows may be strided, columns must be contiguous
@@ -87,9 +98,10 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) 
     y = torch.empty((T, H), dtype=x.dtype, device=x.device)
     if T == 0 or H == 0:
         return y
-    _rms_norm_kernel[(T,)](
-        x, weight, y, H, x.stride(0), y.stride(0), float(eps), float(offset),
-        BLOCK_H=_block_h(H), num_warps=4,
+    block_t = _block_t(H)
+    _rms_norm_kernel[(cdiv(T, block_t),)](
+        x, weight, y, T, H, x.stride(0), y.stride(0), float(eps), float(offset),
+        BLOCK_T=block_t, BLOCK_H=_block_h(H), num_warps=4,
     )
     return y
 

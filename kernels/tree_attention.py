@@ -27,7 +27,9 @@ reduction order over keys therefore depends only on its own ranges' lengths, whi
 of its message, never of the packed offset or the neighbours. Query rows are scheduled in blocks of
 rows that share every `kv_start` (the rows of one segment), so the tiles are shared; a tile that
 lies past a row's own `kv_len` is fully masked for that row and leaves its softmax state bitwise
-unchanged (the `m_safe` guard below), so which rows share a block does not matter either.
+unchanged (the `m_safe` guard below), so which rows share a block does not matter either. The
+query heads that share a KV head (GQA) share a program too: each (row, head) pair is one row of
+the program's tile, reduced on its own.
 
 The torch twin computes the same blocks with explicit masks; its GEMMs see shapes fixed by the
 message's structure (the block's rows, the ranges' lengths), so it is batch-invariant on CPU too.
@@ -46,16 +48,32 @@ from ._triton import dot_precision, jit, tl
 __all__ = [
     "BLOCK_M",
     "BLOCK_N",
+    "TILE_ROWS",
     "TreeMask",
+    "rows_per_block",
     "tree_attention",
     "tree_attention_ref",
     "tree_attention_triton",
 ]
 
-# Fixed tiles: BLOCK_M query rows per program, BLOCK_N keys per step of the online softmax.
-# BLOCK_N sets the reduction order over keys; changing it changes the bits.
-BLOCK_M = 64
+# Fixed tiles: TILE_ROWS (query row, head) pairs per program — the BLOCK_R query rows of one
+# block times the query heads that share one KV head (GQA), so a program reads each K/V tile once
+# for all of them — and BLOCK_N keys per step of the online softmax. BLOCK_N sets the reduction
+# order over keys; changing it changes the bits.
+TILE_ROWS = 64
 BLOCK_N = 64
+#: Query rows per block when every query head has its own KV head (the TreeMask default).
+BLOCK_M = TILE_ROWS
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def rows_per_block(group: int) -> int:
+    """Query rows per program for ``group`` query heads per KV head: ``TILE_ROWS // next_pow2(group)``
+    (at least 1). Build the pass's :class:`TreeMask` with this ``block_rows``."""
+    return max(1, TILE_ROWS // _next_pow2(group))
 
 
 @jit()
@@ -64,32 +82,35 @@ def _tree_attention_kernel(
     KV_START, KV_LEN, Q_POS, K_POS, BLOCKS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     scale, window, softcap,
-    R: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    R: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     block = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // GROUP  # GQA: query heads [g * GROUP, (g + 1) * GROUP) share kv head g
+    kv_head = tl.program_id(1)
 
     first_row = tl.load(BLOCKS + 2 * block)
     n_rows = tl.load(BLOCKS + 2 * block + 1)
-    offs_m = tl.arange(0, BLOCK_M)
-    rows = first_row + offs_m
-    row_ok = offs_m < n_rows
+    # Tile row i is query row first_row + i // GROUP_P2 at head kv_head * GROUP + i % GROUP_P2.
+    offs_m = tl.arange(0, BLOCK_R * GROUP_P2)
+    r_in = offs_m // GROUP_P2
+    g_in = offs_m % GROUP_P2
+    rows = first_row + r_in
+    row_ok = (r_in < n_rows) & (g_in < GROUP)
+    head = kv_head * GROUP + g_in
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
 
-    q = tl.load(Q + rows.to(tl.int64)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+    q = tl.load(Q + rows.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     q_pos = tl.load(Q_POS + rows, mask=row_ok, other=0)
     # Sliding window: a tile whose keys are all at or below this position is masked for every row.
     horizon = tl.min(tl.where(row_ok, q_pos, 2147483647), axis=0) - window
 
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    m_i = tl.full((BLOCK_R * GROUP_P2,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_R * GROUP_P2,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_R * GROUP_P2, BLOCK_D), dtype=tl.float32)
 
     for r in tl.static_range(R):
         start = tl.load(KV_START + first_row * R + r)  # shared by every row of the block
@@ -129,7 +150,7 @@ def _tree_attention_kernel(
 
     # A row that saw no key (or a padding row) has l = 0 and acc = 0: write 0, not 0 / 0.
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(O + rows.to(tl.int64)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+    tl.store(O + rows.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
@@ -146,7 +167,8 @@ class TreeMask:
         q_pos: [T] int32, logical position of each query row.
         k_pos: [S] int32, logical position of each key.
         blocks: [B, 2] int32, the query blocks `(first_row, n_rows)`: runs of consecutive rows with
-            identical `kv_start`, cut into pieces of at most `BLOCK_M` rows from the run's start.
+            identical `kv_start`, cut into pieces of at most `block_rows` rows from the run's start.
+        block_rows: the most rows per block (see `rows_per_block`).
     """
 
     kv_start: Tensor
@@ -154,6 +176,7 @@ class TreeMask:
     q_pos: Tensor
     k_pos: Tensor
     blocks: Tensor
+    block_rows: int = BLOCK_M
 
     @property
     def n_queries(self) -> int:
@@ -173,10 +196,12 @@ class TreeMask:
     def to(self, device: torch.device | str) -> TreeMask:
         """This mask with every tensor on `device`."""
         fields = (self.kv_start, self.kv_len, self.q_pos, self.k_pos, self.blocks)
-        return TreeMask(*(t.to(device) for t in fields))
+        return TreeMask(*(t.to(device) for t in fields), block_rows=self.block_rows)
 
     @classmethod
-    def build(cls, kv_start: Tensor, kv_len: Tensor, q_pos: Tensor, k_pos: Tensor) -> TreeMask:
+    def build(
+        cls, kv_start: Tensor, kv_len: Tensor, q_pos: Tensor, k_pos: Tensor, block_rows: int = BLOCK_M,
+    ) -> TreeMask:
         """A mask from explicit ranges (CPU tensors; see the module docstring for their meaning).
 
         Args:
@@ -184,6 +209,7 @@ class TreeMask:
             kv_len: [T, R] integer, keys in each range, >= 0.
             q_pos: [T] integer logical positions of the queries.
             k_pos: [S] integer logical positions of the keys.
+            block_rows: the most query rows per block (`rows_per_block(group)` for the kernel).
 
         The ranges must be *structural* for batch invariance: one range per segment (preamble,
         content, branch, sub-branch), never two segments merged because they happen to be adjacent
@@ -224,7 +250,8 @@ class TreeMask:
             kv_len=length.to(torch.int32),
             q_pos=q_pos.detach().to("cpu", torch.int32),
             k_pos=k_pos.detach().to("cpu", torch.int32),
-            blocks=_query_blocks(start),
+            blocks=_query_blocks(start, block_rows),
+            block_rows=block_rows,
         )
 
     @classmethod
@@ -232,6 +259,7 @@ class TreeMask:
         cls,
         segments: Sequence[tuple[int, int, int]],
         queries: Sequence[int] | Tensor | None = None,
+        block_rows: int = BLOCK_M,
     ) -> TreeMask:
         """A mask, and the logical positions, from the pass's segments.
 
@@ -244,6 +272,7 @@ class TreeMask:
             queries: key index of each query row, in row order; default every key (`T == S`, self
                 attention over the pass). Pass e.g. `range(P, S)` when keys `0..P-1` are a cached
                 preamble that is not recomputed.
+            block_rows: the most query rows per block (`rows_per_block(group)` for the kernel).
 
         Returns:
             The mask, with `k_pos` = depth in the tree (a root's first key is 0; a segment starts
@@ -295,11 +324,11 @@ class TreeMask:
             rows = torch.as_tensor(queries, dtype=torch.int64).reshape(-1)
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= S):
                 raise ValueError(f"TreeMask.from_segments: a query index lies outside the {S} keys")
-        return cls.build(starts[rows], lens[rows], k_pos[rows], k_pos)
+        return cls.build(starts[rows], lens[rows], k_pos[rows], k_pos, block_rows)
 
 
-def _query_blocks(kv_start: Tensor) -> Tensor:
-    """[B, 2] int32 `(first_row, n_rows)`: runs of rows with equal `kv_start`, cut every BLOCK_M."""
+def _query_blocks(kv_start: Tensor, block_rows: int) -> Tensor:
+    """[B, 2] int32 `(first_row, n_rows)`: runs of rows with equal `kv_start`, cut every `block_rows`."""
     T = kv_start.shape[0]
     if T == 0:
         return torch.zeros((0, 2), dtype=torch.int32)
@@ -307,9 +336,9 @@ def _query_blocks(kv_start: Tensor) -> Tensor:
     new_run[1:] = (kv_start[1:] != kv_start[:-1]).any(dim=1)
     run_starts = new_run.nonzero().flatten().tolist() + [T]
     blocks = [
-        (b, min(BLOCK_M, end - b))
+        (b, min(block_rows, end - b))
         for begin, end in zip(run_starts[:-1], run_starts[1:])
-        for b in range(begin, end, BLOCK_M)  # cut from the run's own start: a structural split
+        for b in range(begin, end, block_rows)  # cut from the run's own start: a structural split
     ]
     return torch.tensor(blocks, dtype=torch.int32)
 
@@ -377,8 +406,14 @@ def tree_attention_triton(
     if v.stride(-1) != 1:
         v = v.contiguous()
     mask = mask.to(q.device)  # no-op when the caller already moved it once per pass
+    group = Hq // Hkv
+    block_r = rows_per_block(group)
+    if mask.block_rows != block_r:
+        raise ValueError(f"tree_attention: the mask's blocks have {mask.block_rows} rows; with {group} query "
+                         f"heads per KV head the kernel needs {block_r} (TreeMask.from_segments(..., "
+                         f"block_rows=rows_per_block({group})))")
     block_d = max(16, 1 << (D - 1).bit_length())
-    grid = (mask.blocks.shape[0], Hq)
+    grid = (mask.blocks.shape[0], Hkv)
     _tree_attention_kernel[grid](
         q, k, v, out,
         mask.kv_start, mask.kv_len, mask.q_pos, mask.k_pos, mask.blocks,
@@ -386,8 +421,8 @@ def tree_attention_triton(
         out.stride(0), out.stride(1),
         float(D ** -0.5 if scale is None else scale),
         int(window or 0), float(softcap or 1.0),
-        R=mask.n_ranges, GROUP=Hq // Hkv, HEAD_DIM=D, BLOCK_D=block_d,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        R=mask.n_ranges, GROUP=group, GROUP_P2=_next_pow2(group), HEAD_DIM=D, BLOCK_D=block_d,
+        BLOCK_R=block_r, BLOCK_N=BLOCK_N,
         USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=4 if block_d <= 64 else 8, num_stages=2,

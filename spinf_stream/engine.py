@@ -8,17 +8,17 @@ are all the stream calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .layout import build_pass, plan_passes, preamble_pass
+from .layout import Work, build_pass, plan_passes, preamble_pass
 from .segment import LayoutError, PreparedMessage, Segmenter
 from .models import Decoder, load_decoder
-from .models.decoder import PrefixKV
+from .models.decoder import LayerKV
 from .packs import Pack, load_pack
 from .records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
 
@@ -36,10 +36,33 @@ class Message:
 @dataclass(frozen=True)
 class RunStats:
     """What one :meth:`Engine.run` computed: ``passes`` forward passes over ``tokens_computed``
-    tokens (every token of every pass, content re-run with a message split over passes included)."""
+    tokens fed (no padding; a message split over passes has its content computed once and
+    carried, so this equals the messages' own tokens)."""
 
     passes: int = 0
     tokens_computed: int = 0
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One log-probability to read: ``token`` after read row ``row`` of a pass, added to choice
+    ``choice`` of question ``question`` of the message at ``slot``."""
+
+    row: int
+    token: int
+    slot: int
+    question: int
+    choice: int
+
+
+def _reads(works: Sequence[Work], read_offsets: Sequence[Sequence[int]]) -> Iterator[_Read]:
+    """Every read of a pass, in token order within each choice (so sums are deterministic)."""
+    for w, offsets in zip(works, read_offsets):
+        for bi, off in zip(w.branches, offsets):
+            b = w.message.branches[bi]
+            for ci, path in enumerate(b.choices):
+                for read_idx, tok in path:
+                    yield _Read(off + read_idx, tok, w.slot, b.question, ci)
 
 
 def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
@@ -82,18 +105,23 @@ class Engine:
         self.token_budget = token_budget
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
         self.questions = self.segmenter.questions
-        self.prefix: PrefixKV | None = self._prefill_preamble()
+        self.preamble_len = len(self.segmenter.preamble_ids)
+        self.prefix: LayerKV | None = self._prefill_preamble()
         self.last_run = RunStats()  # of the latest run(); read by the stream's telemetry
 
     @classmethod
     def load(
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
-        dtype: torch.dtype = torch.float32, device: str = "cpu",
+        dtype: torch.dtype | str = torch.float32, device: str = "cpu", kernels: str | None = None,
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
+        ``dtype``: a torch float dtype or ``"fp8"`` (see :func:`spinf_stream.models.build_decoder`);
+        ``kernels``: the back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS``).
+
         Raises:
-            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError.
+            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError;
+            ValueError: a kernel back end that cannot run on ``device``.
         """
         from transformers import AutoTokenizer
 
@@ -101,16 +129,16 @@ class Engine:
 
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
-        decoder = load_decoder(resolved.path, dtype=dtype, device=device)
+        decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
         return cls(decoder, tokenizer, pk, resolved.name, token_budget)
 
-    def _prefill_preamble(self) -> PrefixKV | None:
+    def _prefill_preamble(self) -> LayerKV | None:
         ids = self.segmenter.preamble_ids
         if not ids:
             return None
-        _, kv = self.decoder.forward(preamble_pass(ids), keep_kv=True)
-        return kv
+        _, kept = self.decoder.forward(preamble_pass(ids))
+        return kept[0]
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -153,32 +181,29 @@ class Engine:
 
         Returns one :class:`ScoreRecord` per message, in the given order.
         """
-        # logprob sums per (message position, question, choice)
+        # logprob sums per message slot: {question: [per choice]}
         sums: list[dict[int, list[float]]] = [{} for _ in prepared]
-        order = {id(p): i for i, p in enumerate(prepared)}
         passes = computed = 0
+        carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
         for works in plan_passes(prepared, self.token_budget):
-            layout = build_pass(works)
+            layout = build_pass(works, self.preamble_len)
             passes, computed = passes + 1, computed + layout.n_tokens
-            hidden, _ = self.decoder.forward(layout, self.prefix)
-            rows: list[int] = []
-            toks: list[int] = []
-            slots: list[tuple[int, int, int]] = []  # (message pos, question, choice) per path step
-            for w, offsets in zip(works, layout.read_offsets):
-                mi = order[id(w.message)]
-                for bi, off in zip(w.branches, offsets):
-                    b = w.message.branches[bi]
-                    for ci, path in enumerate(b.choices):
-                        for read_idx, tok in path:
-                            rows.append(off + read_idx)
-                            toks.append(tok)
-                            slots.append((mi, b.question, ci))
+            hidden, kept = self.decoder.forward(
+                layout, self.prefix, [carried[w.slot] for w in works if not w.with_content]
+            )
+            carried.update(zip((w.slot for w in works if w.keep_kv), kept))
+            reads = list(_reads(works, layout.read_offsets))
             lps = self.decoder.token_logprobs(
-                hidden, torch.tensor(rows, dtype=torch.int64), torch.tensor(toks, dtype=torch.int64)
+                hidden,
+                torch.tensor([r.row for r in reads], dtype=torch.int64),
+                torch.tensor([r.token for r in reads], dtype=torch.int64),
             ).tolist()
-            for (mi, q, ci), lp in zip(slots, lps):
-                per_q = sums[mi].setdefault(q, [0.0] * len(self.questions[q].choices))
-                per_q[ci] += lp  # float64 sum in token order: deterministic
+            for r, lp in zip(reads, lps):
+                per_q = sums[r.slot].setdefault(r.question, [0.0] * len(self.questions[r.question].choices))
+                per_q[r.choice] += lp  # float64 sum in token order: deterministic
+            for w in works:
+                if w.last:
+                    carried.pop(w.slot, None)
         self.last_run = RunStats(passes, computed)
         return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
 

@@ -2,9 +2,19 @@
 laying each pass out (which token sits where, its logical position, what it may attend to, which
 rows are read).
 
-Everything here is plain data (Python ints, then int64 tensors); the model takes a
+Everything here is plain data (Python ints, then int64 tensors on the host); the model takes a
 :class:`PassLayout` as an argument and knows nothing of packs or messages. Tokenizing a message
 into content and branches is :mod:`spinf_stream.segment`'s job.
+
+One description, two readers. A pass is a forest of *segments* — runs of consecutive keys, each
+the parent of the next (the preamble; a message's content; a question's branch; a multi-token
+choice's sub-branch) — given as ``(start, length, parent)`` in one key space::
+
+    keys = [cached preamble (P) | content carried from earlier passes ... | this pass's rows (T)]
+
+The Triton kernel turns the segments into per-row key ranges (``kernels.TreeMask``); the CPU path
+reads the same plan per message (:class:`MessagePlan`). Both compute, for every query, attention
+over exactly its ancestors (DESIGN.md "Mask"), at its logical position.
 """
 
 from __future__ import annotations
@@ -16,155 +26,295 @@ import torch
 
 from .segment import PreparedMessage
 
+
 @dataclass(frozen=True)
 class Work:
-    """A message's content with some of its branches: the unit placed in one pass."""
+    """A message's content with some of its branches: the unit placed in one pass.
+
+    ``slot``: the message's position in the sequence given to :func:`plan_passes`.
+    ``with_content``: the content's tokens are fed in this pass (else its keys/values come from
+    the pass that computed them, see ``keep_kv``). ``keep_kv``: this message's branches continue
+    in later passes, so this pass returns the content's keys/values for them.
+    ``last``: this work holds the message's last branch (its kept keys/values can go).
+    """
 
     message: PreparedMessage
     branches: tuple[int, ...]  # indices into message.branches
+    slot: int = 0
+    with_content: bool = True
+    keep_kv: bool = False
+
+    @property
+    def last(self) -> bool:
+        return not self.branches or self.branches[-1] == len(self.message.branches) - 1
 
     @property
     def n_tokens(self) -> int:
-        return len(self.message.content) + sum(len(self.message.branches[i]) for i in self.branches)
+        """Tokens this work feeds to its pass."""
+        own = len(self.message.content) if self.with_content else 0
+        return own + sum(len(self.message.branches[i]) for i in self.branches)
+
+
+def _pieces(m: PreparedMessage, slot: int, token_budget: int) -> list[Work]:
+    """A message as works of at most ``token_budget`` tokens: whole when it fits, else its
+    branches in order-preserving groups, the content fed with the first group only."""
+    if m.n_tokens <= token_budget or len(m.branches) <= 1:
+        return [Work(m, tuple(range(len(m.branches))), slot)]
+    groups: list[list[int]] = [[]]
+    size = len(m.content)
+    for i, b in enumerate(m.branches):
+        if groups[-1] and size + len(b) > token_budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += len(b)
+    many = len(groups) > 1
+    return [Work(m, tuple(g), slot, with_content=j == 0, keep_kv=j == 0 and many) for j, g in enumerate(groups)]
 
 
 def plan_passes(messages: Sequence[PreparedMessage], token_budget: int) -> list[list[Work]]:
     """Greedy, order-preserving packing of messages into passes of at most ``token_budget``
-    tokens.
+    tokens fed.
 
-    A message that does not fit in an empty pass has its branches spread over several passes,
-    each repeating the content (recomputing the content gives bitwise the same keys/values, so
-    scores do not change). A pass may exceed the budget only when one message's content plus
-    its longest branch alone does.
+    A message that does not fit in a pass alone has its branches spread over several passes:
+    the first pass computes its content and keeps the content's keys/values (``Work.keep_kv``),
+    later passes feed only branches, which attend to those kept keys/values. A pass exceeds the
+    budget only when one message's content plus its first branch alone does.
+
+    Raises:
+        ValueError: ``token_budget < 1``.
     """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be a positive number of tokens, got {token_budget}")
     passes: list[list[Work]] = []
     cur: list[Work] = []
     used = 0
-    for m in messages:
-        if m.n_tokens <= token_budget:
-            if used + m.n_tokens > token_budget and cur:
+    for slot, m in enumerate(messages):
+        for w in _pieces(m, slot, token_budget):
+            if cur and used + w.n_tokens > token_budget:
                 passes.append(cur)
                 cur, used = [], 0
-            cur.append(Work(m, tuple(range(len(m.branches)))))
-            used += m.n_tokens
-            continue
-        if cur:
-            passes.append(cur)
-            cur, used = [], 0
-        group: list[int] = []
-        size = len(m.content)
-        for i, b in enumerate(m.branches):
-            if group and size + len(b) > token_budget:
-                passes.append([Work(m, tuple(group))])
-                group, size = [], len(m.content)
-            group.append(i)
-            size += len(b)
-        passes.append([Work(m, tuple(group))])
+            cur.append(w)
+            used += w.n_tokens
     if cur:
         passes.append(cur)
     return passes
 
 
-@dataclass
-class MessageRows:
-    """Where one message sits in a packed pass (indices into the packed token axis).
+@dataclass(frozen=True)
+class BranchPlan:
+    """One branch in a pass: its rows ``[start, start + len(parents))``; ``parents[i]`` is the
+    branch-local index of row i's parent (-1: the content's last token)."""
 
-    ``content``: ``[start, end)`` of its content rows. Branch rows are grouped per branch and
-    padded to ``width`` (the message's longest branch): ``branch_rows [n_branches, width]`` (int64,
-    padding points at row 0), ``branch_valid [n_branches, width]`` (bool),
-    ``branch_mask [n_branches, width, width]`` (bool, query i may see key j of its own branch:
-    j is an ancestor of i or i itself; padding rows see only themselves).
+    start: int
+    parents: tuple[int, ...]
+
+
+@dataclass
+class MessagePlan:
+    """Where one message sits in a pass, for attention (rows index the packed token axis).
+
+    ``prefix_len``: preamble keys it attends to (0 = none; then its content holds the whole prompt).
+    ``content_start``: first row of its content in this pass, or ``None`` when the content was
+    computed in an earlier pass; then ``carried`` is its index in the pass's carried list.
+    ``branch_width``: the longest branch over ALL the message's branches (tokens), not only those
+    in this pass, so every shape the CPU path gives this message's attention is a property of
+    the message alone. ``keep_kv``: return the content's keys/values after the pass.
+
+    Derived host tensors (built once per pass, read by every layer): ``branch_rows [Nb]`` the
+    rows of its branch tokens in pass order; ``slot_rows [nbr, W]`` the rows of each branch
+    padded to ``W = width_slots`` (padding repeats the branch's first row); ``slot_index [Nb]``
+    each branch row's position in ``slot_rows.view(-1)``; ``ancestors [Nb, W]`` whether slot j
+    of its own branch is an ancestor of (or is) the row.
     """
 
-    use_preamble: bool
     prefix_len: int
-    content: tuple[int, int]
-    branch_rows: torch.Tensor
-    branch_valid: torch.Tensor
-    branch_mask: torch.Tensor
+    content_len: int
+    content_start: int | None
+    carried: int | None
+    keep_kv: bool
+    branch_width: int
+    branches: tuple[BranchPlan, ...]
+    width_slots: int = 0
+    branch_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    slot_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
+    slot_index: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    ancestors: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+
+    @property
+    def n_keys(self) -> int:
+        """Keys every branch token sees before its own branch: preamble + content."""
+        return self.prefix_len + self.content_len
+
+
+#: Branch slots are padded to a multiple of this (see models.attention: GEMM N >= 16).
+SLOT_MULTIPLE = 16
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _plan_branches(plan: MessagePlan) -> None:
+    """Fill the derived tensors of ``plan`` from its branches."""
+    w = _round_up(max(plan.branch_width, 1), SLOT_MULTIPLE)
+    nbr = len(plan.branches)
+    rows: list[int] = []
+    slot_rows = torch.empty(nbr, w, dtype=torch.int64)
+    slot_index: list[int] = []
+    anc = []
+    for j, b in enumerate(plan.branches):
+        n = len(b.parents)
+        own = torch.arange(b.start, b.start + n)
+        slot_rows[j, :n] = own
+        slot_rows[j, n:] = b.start
+        rows.extend(range(b.start, b.start + n))
+        slot_index.extend(range(j * w, j * w + n))
+        seen = torch.zeros(n, w, dtype=torch.bool)
+        for i, p in enumerate(b.parents):
+            if p >= 0:
+                seen[i] = seen[p]
+            seen[i, i] = True
+        anc.append(seen)
+    plan.width_slots = w
+    plan.branch_rows = torch.tensor(rows, dtype=torch.int64)
+    plan.slot_rows = slot_rows
+    plan.slot_index = torch.tensor(slot_index, dtype=torch.int64)
+    plan.ancestors = torch.cat(anc) if anc else torch.zeros(0, w, dtype=torch.bool)
 
 
 @dataclass
 class PassLayout:
-    """One forward pass: ``input_ids [T]`` int64, ``positions [T]`` int64 (logical),
-    ``messages`` (attention structure), ``read_rows [R]`` int64 (rows whose logits are read)."""
+    """One forward pass.
+
+    ``input_ids [T]`` int64, ``positions [T]`` int64 (logical positions: rotary and sliding
+    windows read these, never the packed index), ``read_rows [R]`` int64 (rows whose logits are
+    read), ``messages`` (per work item, in order: its attention plan), ``works``, and
+    ``read_offsets[w][b]``: where branch b of work w starts in ``read_rows``.
+
+    The key space of attention is ``[preamble (preamble_len) | carried contents | pass rows]``;
+    ``carried_lens`` are the carried contents' lengths in order, ``segments`` the pass's forest
+    as ``(start, length, parent)`` in that key space (parent -1: a root), ``query_start`` the key
+    index of pass row 0.
+    """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    messages: list[MessageRows]
     read_rows: torch.Tensor
-    # per work item: per branch: the offset of its reads in read_rows
-    read_offsets: list[list[int]] = field(default_factory=list)
+    messages: list[MessagePlan]
     works: list[Work] = field(default_factory=list)
+    read_offsets: list[list[int]] = field(default_factory=list)
+    preamble_len: int = 0
+    carried_lens: tuple[int, ...] = ()
+    segments: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def n_tokens(self) -> int:
+        """Rows fed to the model in this pass."""
         return int(self.input_ids.numel())
 
+    @property
+    def query_start(self) -> int:
+        """Key index of pass row 0: the preamble and the carried contents come first."""
+        return self.preamble_len + sum(self.carried_lens)
 
-def build_pass(works: Sequence[Work]) -> PassLayout:
-    """Lay out ``works`` as one packed pass.
 
-    Each message's branches are padded to that message's longest branch (over all its
-    branches, not only those in this pass), so the attention shapes, and with them every
-    reduction order, are a property of the message alone.
+def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
+    """Lay out ``works`` as one packed pass (no padding between or inside messages).
+
+    Args:
+        works: from :func:`plan_passes`, in order.
+        preamble_len: tokens of the cached preamble (its keys/values come with the forward call).
+
+    A work whose content is carried (``with_content`` False) gets the next index in the pass's
+    carried list; the engine passes those contents' keys/values in that order.
     """
     ids: list[int] = []
     pos: list[int] = []
     reads: list[int] = []
-    rows: list[MessageRows] = []
+    plans: list[MessagePlan] = []
     read_offsets: list[list[int]] = []
+    carried_lens: list[int] = []
+    # Segments are first collected with pass-row coordinates; shifted into key space at the end.
+    pass_segments: list[tuple[int, int, int, bool]] = []  # (start, length, parent, parent_is_pass_row)
+    carried_segments: list[tuple[int, int, int]] = []
     for w in works:
         m = w.message
-        start = len(ids)
-        ids.extend(m.content)
-        pos.extend(range(m.prefix_len, m.prefix_len + len(m.content)))
-        base = m.prefix_len + len(m.content)
-        nb = len(w.branches)
-        width = max((len(b) for b in m.branches), default=1)
-        b_rows = torch.zeros(nb, width, dtype=torch.int64)
-        b_valid = torch.zeros(nb, width, dtype=torch.bool)
-        b_mask = torch.eye(width, dtype=torch.bool).expand(nb, width, width).clone()
+        L = len(m.content)
+        prefix = m.prefix_len if m.use_preamble else 0
+        root_parent = prefix - 1 if prefix else -1  # key index in the preamble
+        if w.with_content:
+            start = len(ids)
+            ids.extend(m.content)
+            pos.extend(range(m.prefix_len, m.prefix_len + L))
+            carried = None
+            if L:
+                pass_segments.append((start, L, root_parent, False))
+            last_content = (start + L - 1, True) if L else (root_parent, False)
+        else:
+            start = None
+            carried = len(carried_lens)
+            cstart = preamble_len + sum(carried_lens)
+            carried_lens.append(L)
+            if L:
+                carried_segments.append((cstart, L, root_parent))
+            last_content = (cstart + L - 1, False) if L else (root_parent, False)
+        base = m.prefix_len + L
+        branches = []
         offsets = []
-        for g, bi in enumerate(w.branches):
+        for bi in w.branches:
             b = m.branches[bi]
             s = len(ids)
             ids.extend(b.tokens)
             pos.extend(base + d for d in b.depths)
-            n = len(b)
-            b_rows[g, :n] = torch.arange(s, s + n)
-            b_valid[g, :n] = True
-            for i, par in enumerate(b.parents):
-                if par >= 0:
-                    b_mask[g, i] |= b_mask[g, par]
+            branches.append(BranchPlan(s, b.parents))
             offsets.append(len(reads))
             reads.extend(s + r for r in b.reads)
+            # Segments of the branch's trie: a new segment wherever a token's parent is not the
+            # token just before it.
+            for i, par in enumerate(b.parents):
+                if i > 0 and par == i - 1:
+                    st, n, p, is_row = pass_segments[-1]
+                    pass_segments[-1] = (st, n + 1, p, is_row)
+                elif par < 0:
+                    pass_segments.append((s + i, 1, last_content[0], last_content[1]))
+                else:
+                    pass_segments.append((s + i, 1, s + par, True))
         read_offsets.append(offsets)
-        rows.append(MessageRows(m.use_preamble, m.prefix_len, (start, start + len(m.content)), b_rows, b_valid, b_mask))
+        width = max((len(b) for b in m.branches), default=1)
+        plan = MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches))
+        _plan_branches(plan)
+        plans.append(plan)
+    q0 = preamble_len + sum(carried_lens)
+    segments: list[tuple[int, int, int]] = []
+    if preamble_len:
+        segments.append((0, preamble_len, -1))
+    segments.extend(carried_segments)
+    for st, n, p, is_row in pass_segments:
+        segments.append((q0 + st, n, q0 + p if is_row else p))
     return PassLayout(
         input_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.tensor(pos, dtype=torch.int64),
-        messages=rows,
         read_rows=torch.tensor(reads, dtype=torch.int64),
-        read_offsets=read_offsets,
+        messages=plans,
         works=list(works),
+        read_offsets=read_offsets,
+        preamble_len=preamble_len,
+        carried_lens=tuple(carried_lens),
+        segments=tuple(segments),
     )
 
 
 def preamble_pass(preamble_ids: Sequence[int]) -> PassLayout:
-    """A pass holding only the preamble as content (no preamble cache, no branches)."""
+    """A pass holding only the preamble as content (no preamble cache, no branches), whose
+    keys/values are kept: ``forward`` returns them as its first kept entry."""
     n = len(preamble_ids)
-    row = MessageRows(
-        False,
-        0,
-        (0, n),
-        torch.zeros(0, 1, dtype=torch.int64),
-        torch.zeros(0, 1, dtype=torch.bool),
-        torch.zeros(0, 1, 1, dtype=torch.bool),
-    )
+    plan = MessagePlan(0, n, 0, None, True, 1, ())
+    _plan_branches(plan)
     return PassLayout(
         input_ids=torch.tensor(list(preamble_ids), dtype=torch.int64),
         positions=torch.arange(n, dtype=torch.int64),
-        messages=[row],
         read_rows=torch.zeros(0, dtype=torch.int64),
+        messages=[plan],
+        segments=((0, n, -1),) if n else (),
     )

@@ -17,6 +17,10 @@ sys.path.insert(0, str(TESTS))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The Triton kernels run on the CPU in Triton's interpreter (CI has no GPU); the mode is fixed
+# when triton is first imported, so it is set before any test module imports it. With a GPU,
+# run with TRITON_INTERPRET=0 to test the kernels on it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def data_dir() -> Path:

@@ -33,6 +33,7 @@ from kernels import (  # noqa: E402
     rms_norm,
     rms_norm_ref,
     rms_norm_triton,
+    rows_per_block,
     tree_attention,
     tree_attention_ref,
     tree_attention_triton,
@@ -284,7 +285,8 @@ def case_inputs(
     q = torch.randn(len(queries), hq, case.head_dim, generator=g)
     k = torch.randn(S, hkv, case.head_dim, generator=g)
     v = torch.randn(S, hkv, case.head_dim, generator=g)
-    return q, k, v, TreeMask.from_segments(segments, queries=queries), queries
+    mask = TreeMask.from_segments(segments, queries=queries, block_rows=rows_per_block(hq // hkv))
+    return q, k, v, mask, queries
 
 
 def case_options(case: Case) -> dict[str, Any]:
@@ -404,7 +406,7 @@ def _pack(msgs: list[tuple[Msg, int]]) -> tuple[torch.Tensor, torch.Tensor, torc
     parts = [_message_tensors(Msg(preamble), 99, hq, hkv, d)]
     parts += [_message_tensors(m, seed, hq, hkv, d) for m, seed in msgs]
     q, k, v = (torch.cat(t) for t in zip(*parts))
-    mask = TreeMask.from_segments(pack_segments([m for m, _ in msgs], preamble))
+    mask = TreeMask.from_segments(pack_segments([m for m, _ in msgs], preamble), block_rows=rows_per_block(hq // hkv))
     return q, k, v, mask
 
 

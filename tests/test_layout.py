@@ -143,3 +143,77 @@ def test_passes_respect_budget_and_order(tokenizer):
     assert flat == list(range(30))
     assert all(sum(w.n_tokens for w in p) <= budget for p in passes)
     assert len(passes) >= 10
+
+
+# --------------------------------------------------------------------------- passes and their plan
+
+
+def _toy_message(index: int, content: int, widths: list[int]):
+    from spinf_stream.segment import Branch, PreparedMessage
+
+    branches = tuple(
+        Branch(q, tuple(range(w)), tuple(range(-1, w - 1)), tuple(range(w)), (w - 1,), (((0, 1),), ((0, 2),)))
+        for q, w in enumerate(widths)
+    )
+    return PreparedMessage(index, f"m{index}", tuple(range(content)), True, 5, branches)
+
+
+def test_a_message_over_the_budget_computes_its_content_once_and_carries_it():
+    big = _toy_message(0, 30, [10] * 10)  # 30 + 100 tokens: passes [C b0] [b1-b4] [b5-b8] [b9 + small]
+    small = _toy_message(1, 5, [3, 3])
+    passes = plan_passes([big, small], token_budget=45)
+    works = [w for p in passes for w in p]
+    mine = [w for w in works if w.message is big]
+    assert [w.with_content for w in mine] == [True] + [False] * (len(mine) - 1)
+    assert mine[0].keep_kv and not any(w.keep_kv for w in mine[1:])
+    assert [w.last for w in mine] == [False] * (len(mine) - 1) + [True]
+    assert sorted(b for w in mine for b in w.branches) == list(range(10))
+    assert all(sum(w.n_tokens for w in p) <= 45 for p in passes)
+    # the small message joins the pass of the big one's last branches
+    assert any(w.message is small for w in passes[-1]) and len(passes[-1]) == 2
+
+
+def test_a_pass_whose_first_branch_alone_exceeds_the_budget_still_runs():
+    m = _toy_message(0, 50, [4, 4])
+    passes = plan_passes([m], token_budget=16)
+    assert [[w.branches for w in p] for p in passes] == [[(0,)], [(1,)]]
+
+
+def test_the_pass_segments_give_every_row_exactly_its_ancestors():
+    """The flat description the Triton kernel reads (segments → key ranges) against the tree
+    walked from the messages' own structure."""
+    from kernels import TreeMask
+
+    from spinf_stream.layout import Work, build_pass
+    from spinf_stream.segment import Branch, PreparedMessage
+
+    trie = Branch(0, (7, 8, 9, 10, 11), (-1, 0, 1, 2, 2), (0, 1, 2, 3, 3), (2, 3, 4), ())
+    a = PreparedMessage(0, "a", (1, 2, 3), True, 4, (trie, _toy_message(9, 1, [2]).branches[0]))
+    b = PreparedMessage(1, "b", (4, 5), False, 0, (_toy_message(9, 1, [3]).branches[0],))
+    works = [Work(a, (1,), 0, with_content=False), Work(b, (0,), 1), Work(a, (0,), 0, with_content=False)]
+    layout = build_pass(works, preamble_len=4)
+    q0 = layout.query_start
+    mask = TreeMask.from_segments(layout.segments, range(q0, q0 + layout.n_tokens))
+    # ancestors by hand, in key space: preamble 0..3, carried content of a at 4..6 (listed once
+    # per carried work: 4..6 and 7..9), pass rows from q0
+    visible = []
+    for row in range(layout.n_tokens):
+        keys = set()
+        for s, n in zip(mask.kv_start[row].tolist(), mask.kv_len[row].tolist()):
+            keys.update(range(s, s + n))
+        visible.append(keys)
+    pre = set(range(4))
+    # pass rows: [a.branch1 (2)] [b.content (2)] [b.branch0 (3)] [a.trie (5)]
+    assert visible[0] == pre | {4, 5, 6} | {q0}
+    assert visible[1] == pre | {4, 5, 6} | {q0, q0 + 1}
+    assert visible[2] == {q0 + 2} and visible[3] == {q0 + 2, q0 + 3}  # b has no preamble
+    assert visible[4] == {q0 + 2, q0 + 3, q0 + 4}
+    carried2 = {7, 8, 9}
+    t = q0 + 7
+    assert visible[7] == pre | carried2 | {t}
+    assert visible[9] == pre | carried2 | {t, t + 1, t + 2}
+    assert visible[10] == pre | carried2 | {t, t + 1, t + 2, t + 3}
+    assert visible[11] == pre | carried2 | {t, t + 1, t + 2, t + 4}  # a sibling, not the other leaf
+    # logical positions: content after the preamble, every branch after its content
+    assert layout.positions.tolist() == [7, 8, 0, 1, 2, 3, 4, 7, 8, 9, 10, 10]
+    assert mask.q_pos.tolist() == layout.positions.tolist()

@@ -62,3 +62,35 @@ def test_engine_matches_transformers_on_real_messages(real, model, pack_name):
     print(f"{model} {pack_name}: max |dp| {worst_p:.2e}, max |dlogprob| {worst_lp:.2e}")
     assert worst_p <= 2e-4
     assert worst_lp <= 1e-3
+
+
+ISSUE_6_PACK = """
+name: issue6
+version: "1.0"
+description: the fault report's pack
+preamble: "Classify the SMS below. Reference number 12"
+prompt: "{text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this spam?
+  - id: urgent
+    text: Is this urgent?
+"""
+
+
+def test_a_budget_that_splits_a_messages_branches_keeps_its_digest_on_a_real_model(real, tmp_path):
+    """Issue 6, fault 1, as reported: SmolLM2, budgets 16384 / 64 / 16 gave different digests."""
+    decoder, tok, hf = real("smollm2-135m")
+    path = tmp_path / "issue6.yaml"
+    path.write_text(ISSUE_6_PACK)
+    pack = load_pack(path)
+    msg = Message(id="p1", fields={"id": "p1", "text": " Hello, lunch tomorrow?"})
+    whole = Engine(decoder, tok, pack, "smollm2-135m", token_budget=16384).score([msg])[0]
+    for budget in (64, 16):
+        assert Engine(decoder, tok, pack, "smollm2-135m", token_budget=budget).score([msg])[0].digest == whole.digest
+    want = Oracle(hf, tok, pack, prefix_cache=False).score(dict(msg.fields))
+    for qid, lps in want.items():
+        for label, lp in lps.items():
+            assert whole.scores[qid].choices[label].logprob == pytest.approx(lp, abs=1e-4)

@@ -9,8 +9,12 @@ from typing import Any
 
 import torch
 
-from .decoder import Decoder, LayerWeights
+from .backend import Backend, QuantizedWeight, choose
+from .decoder import Decoder, LayerWeights, Weight
 from .spec import ModelSpec
+
+#: Largest normal float8 e4m3 value (OCP 8-bit floating point spec, 2023).
+FP8_MAX = 448.0
 
 #: ``model_type`` → module in this package defining ``spec_from_config(config)``.
 FAMILIES: dict[str, str] = {
@@ -62,25 +66,51 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_decoder(spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str | torch.device) -> Decoder:
+def quantize_fp8(weight: torch.Tensor) -> QuantizedWeight:
+    """float8 e4m3 weights with one scale per output channel: ``scale[n] = max|w[n]| / 448``
+    (448 = e4m3's largest normal), ``data = round(w / scale)``. ``weight [N, K]`` any float dtype."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    data = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantizedWeight(data.contiguous(), scale.contiguous())
+
+
+def build_decoder(
+    spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.dtype | str, device: str | torch.device,
+    backend: Backend | None = None,
+) -> Decoder:
     """Assemble a :class:`Decoder` from a transformers-named state dict.
+
+    ``dtype``: a torch float dtype, or ``"fp8"``: the linear layers' weights in float8 e4m3 with
+    per-output-channel scales (:func:`quantize_fp8`), everything else in bfloat16.
 
     Raises:
         KeyError: a weight the spec needs is missing (names it).
     """
+    fp8 = dtype == "fp8"
+    act_dtype = torch.bfloat16 if fp8 else dtype
 
     def get(name: str) -> torch.Tensor:
         if name not in sd:
             raise KeyError(f"checkpoint has no weight {name!r}")
-        return sd[name].to(device=device, dtype=dtype)
+        return sd[name].to(device=device, dtype=act_dtype)
 
     def opt(name: str) -> torch.Tensor | None:
         return get(name) if name in sd else None
 
+    def mat(*names: str) -> Weight:
+        """One linear layer's weight (stacked when several names), quantized for fp8."""
+        for n in names:
+            if n not in sd:
+                raise KeyError(f"checkpoint has no weight {n!r}")
+        w = torch.cat([sd[n] for n in names]) if len(names) > 1 else sd[names[0]]
+        if fp8:
+            return quantize_fp8(w.to(device))
+        return w.to(device=device, dtype=act_dtype).contiguous()
+
     layers = []
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         bias = None
         if f"{p}self_attn.q_proj.bias" in sd:
             bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
@@ -88,35 +118,45 @@ def build_decoder(spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.
         layers.append(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=qkv.contiguous(),
+                qkv=mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
                 qkv_bias=bias,
-                o=get(p + "self_attn.o_proj.weight"),
+                o=mat(p + "self_attn.o_proj.weight"),
                 q_norm=opt(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
                 k_norm=opt(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
                 post_attn_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
                 mlp_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
                 post_mlp_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
-                gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous(),
-                down=get(p + "mlp.down_proj.weight"),
+                gate_up=mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down=mat(p + "mlp.down_proj.weight"),
             )
         )
     embed = get("model.embed_tokens.weight")
     head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
-    return Decoder(spec, embed, layers, get("model.norm.weight"), head)
+    return Decoder(spec, embed, layers, get("model.norm.weight"), head, backend)
 
 
-def load_decoder(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Decoder:
+def load_decoder(
+    path: str | Path, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+    kernels: str | None = None,
+) -> Decoder:
     """Load a Hugging Face directory (``config.json`` + ``*.safetensors``) as a :class:`Decoder`.
+
+    ``kernels``: the back end (``torch``, ``triton``, ``cublas``); default
+    :func:`spinf_stream.models.backend.choose` for ``device`` (honours ``SPINF_KERNELS``).
 
     Raises:
         UnsupportedModel: unknown family. FileNotFoundError: no weights. KeyError: missing weight.
+        ValueError: a back end that cannot run on ``device``.
     """
     from transformers import AutoConfig
 
     path = Path(path)
+    backend = Backend(choose(device, kernels))
     config = AutoConfig.from_pretrained(str(path))
     spec = spec_for(config)
-    return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device)
+    return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device, backend=backend)
 
 
-__all__ = ["Decoder", "ModelSpec", "UnsupportedModel", "build_decoder", "load_decoder", "spec_for", "FAMILIES"]
+__all__ = [
+    "Decoder", "ModelSpec", "UnsupportedModel", "build_decoder", "load_decoder", "quantize_fp8", "spec_for", "FAMILIES",
+]

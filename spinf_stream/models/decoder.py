@@ -9,10 +9,14 @@ import torch
 
 from ..layout import PassLayout
 from . import blocks
+from .attention import KV
+from .backend import Backend, QuantizedWeight
 from .spec import ModelSpec
 
 #: Read rows per LM-head chunk: bounds the ``[rows, vocab]`` logits held at once.
 HEAD_CHUNK = 256
+
+Weight = torch.Tensor | QuantizedWeight
 
 
 @dataclass
@@ -21,19 +25,20 @@ class LayerWeights:
     stacks q_proj/k_proj/v_proj; ``gate_up [2I, hidden]`` stacks gate_proj/up_proj."""
 
     input_norm: torch.Tensor  # input_layernorm
-    qkv: torch.Tensor
+    qkv: Weight
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # o_proj
+    o: Weight  # o_proj
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_attn_norm: torch.Tensor | None  # Gemma: post_attention_layernorm (sandwich)
     mlp_norm: torch.Tensor  # Llama: post_attention_layernorm; Gemma: pre_feedforward_layernorm
     post_mlp_norm: torch.Tensor | None  # Gemma: post_feedforward_layernorm
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Weight
+    down: Weight
 
 
-PrefixKV = list[tuple[torch.Tensor, torch.Tensor]]
+#: Per layer, a cached run of keys/values: ``(k, v)`` each ``[n, Hkv, D]``.
+LayerKV = list[KV]
 
 
 class Decoder:
@@ -42,20 +47,24 @@ class Decoder:
     Args:
         spec: what to compute. embed: ``[vocab, hidden]``. layers: per-layer weights.
         final_norm: ``[hidden]``. lm_head: ``[vocab, hidden]`` (the embedding when tied).
+        backend: the kernels that run the pass (:class:`~spinf_stream.models.backend.Backend`;
+            default torch).
     """
 
     def __init__(
         self, spec: ModelSpec, embed: torch.Tensor, layers: list[LayerWeights], final_norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: torch.Tensor, backend: Backend | None = None,
     ) -> None:
         self.spec = spec
         self.embed = embed
         self.layers = layers
         self.final_norm = final_norm
         self.lm_head = lm_head
+        self.backend = backend or Backend("torch")
 
     @property
     def dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding's)."""
         return self.embed.dtype
 
     @property
@@ -63,31 +72,38 @@ class Decoder:
         return self.embed.device
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return blocks.rms_norm(x, w, self.spec.norm_eps, self.spec.norm_offset)
+        return self.backend.rms_norm(x, w, self.spec.norm_eps, self.spec.norm_offset)
 
     @torch.inference_mode()
-    def forward(self, layout: PassLayout, prefix: PrefixKV | None = None, *, keep_kv: bool = False):
+    def forward(
+        self, layout: PassLayout, prefix: LayerKV | None = None, carried: list[LayerKV] | tuple[()] = (),
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Run one packed pass.
 
         Args:
-            layout: tokens, logical positions, attention structure, read rows.
-            prefix: per layer the preamble's keys/values ``[P, Hkv, D]`` (from a ``keep_kv`` run).
-            keep_kv: also return every layer's keys/values ``[T, Hkv, D]`` (for the preamble).
+            layout: tokens, logical positions, attention plan, read rows.
+            prefix: per layer the preamble's keys/values ``[P, Hkv, D]`` (from a preamble pass).
+            carried: per carried content of the pass (``layout.carried_lens`` order), per layer its
+                keys/values ``[L, Hkv, D]``, as returned by the pass that computed it.
         Returns:
-            ``(hidden [R, hidden] at layout.read_rows after the final norm, kv or None)``.
+            ``hidden [R, hidden]`` at ``layout.read_rows`` after the final norm, and for every
+            message plan with ``keep_kv`` (in order) its content's per-layer keys/values.
         """
         s = self.spec
         dev = self.device
         ids = layout.input_ids.to(dev)
         pos = layout.positions.to(dev)
+        attend = self.backend.attention(layout, dev, s.num_heads // s.num_kv_heads)
+        keep = [(m.content_start, m.content_len) for m in layout.messages if m.keep_kv and m.content_start is not None]
+        kept: list[LayerKV] = [[] for _ in keep]
         x = self.embed[ids]
         if s.embed_scale is not None:
             x = x * torch.tensor(s.embed_scale, dtype=x.dtype, device=dev)
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        kept: PrefixKV = []
+        tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rope tables, once per pass
         for li, (lw, ls) in enumerate(zip(self.layers, s.layers)):
             h = self._norm(x, lw.input_norm)
-            qkv = blocks.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = self.backend.linear(h, lw.qkv, lw.qkv_bias)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             q = q.reshape(-1, hq, d)
             k = k.reshape(-1, hkv, d)
@@ -95,25 +111,28 @@ class Decoder:
             if s.qk_norm:
                 q = self._norm(q, lw.q_norm)
                 k = self._norm(k, lw.k_norm)
-            q = blocks.rotary(q, pos, ls.rope.inv_freq, ls.rope.scaling)
-            k = blocks.rotary(k, pos, ls.rope.inv_freq, ls.rope.scaling)
-            if keep_kv:
-                kept.append((k, v))
-            a = blocks.tree_attention(
-                q, k, v, layout, prefix[li] if prefix else None,
+            rope = tables.get(id(ls.rope))
+            if rope is None:
+                rope = tables[id(ls.rope)] = blocks.rotary_tables(pos, ls.rope.inv_freq, ls.rope.scaling, q.dtype)
+            q = blocks.rotary(q, *rope)
+            k = blocks.rotary(k, *rope)
+            for j, (c0, n) in enumerate(keep):
+                kept[j].append((k[c0 : c0 + n].clone(), v[c0 : c0 + n].clone()))
+            a = attend(
+                q, k, v, prefix[li] if prefix else None, [c[li] for c in carried],
                 scale=s.query_scale, window=ls.window, softcap=s.attn_softcap,
             )
-            a = blocks.linear(a.reshape(-1, hq * d), lw.o)
+            a = self.backend.linear(a.reshape(-1, hq * d), lw.o)
             if s.sandwich_norms:
                 a = self._norm(a, lw.post_attn_norm)
             x = x + a
             h = self._norm(x, lw.mlp_norm)
-            h = blocks.gated_mlp(h, lw.gate_up, lw.down, s.activation)
+            h = blocks.gated_mlp(h, lw.gate_up, lw.down, s.activation, self.backend.linear)
             if s.sandwich_norms:
                 h = self._norm(h, lw.post_mlp_norm)
             x = x + h
         read = x[layout.read_rows.to(dev)]
-        return self._norm(read, self.final_norm), (kept if keep_kv else None)
+        return self._norm(read, self.final_norm), kept
 
     @torch.inference_mode()
     def token_logprobs(self, hidden: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -123,7 +142,8 @@ class Decoder:
             hidden: ``[R, hidden]`` final-normed states of the read rows.
             rows: ``[N]`` int64 indices into ``hidden``; tokens: ``[N]`` int64 token ids.
         Returns:
-            ``[N]`` fp32: ``log_softmax(lm_head(hidden[rows]))[tokens]`` (natural log).
+            ``[N]`` fp32 on the CPU: ``logits[rows, tokens] - logsumexp(logits[rows])`` with
+            ``logits = softcap(lm_head(hidden))`` (natural log).
         """
         out = torch.empty(rows.shape[0], dtype=torch.float32)
         for c0 in range(0, hidden.shape[0], HEAD_CHUNK):
@@ -131,9 +151,10 @@ class Decoder:
             sel = (rows >= c0) & (rows < c1)
             if not bool(sel.any()):
                 continue
-            logits = blocks.linear(hidden[c0:c1], self.lm_head).float()
+            logits = self.backend.linear(hidden[c0:c1], self.lm_head).float()
             if self.spec.final_softcap is not None:
                 logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
-            lp = torch.log_softmax(logits, dim=-1)
-            out[sel] = lp[rows[sel] - c0, tokens[sel].to(lp.device)].cpu()
+            lse = self.backend.logsumexp(logits)
+            r = (rows[sel] - c0).to(logits.device)
+            out[sel] = (logits[r, tokens[sel].to(logits.device)] - lse[r]).cpu()
         return out
