@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PACK ?= spam
 MODEL ?= qwen2.5-coder-0.5b
 
-.PHONY: setup demo test test-fast bench schemas clean
+.PHONY: setup demo test test-fast bench gpu-check schemas clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ test-fast: setup
 
 bench: setup
 	$(BIN)/python bench/engine_bench.py --quick
+
+# On a machine with an NVIDIA GPU: its own python with torch, triton and transformers; installs nothing.
+gpu-check:
+	$(PYTHON) bench/gpu_check.py
 
 schemas: setup
 	$(BIN)/python -m spinf_stream.schemas

@@ -8,17 +8,18 @@ are all the stream calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .layout import Work, build_pass, plan_passes, preamble_pass
+from .layout import preamble_pass
 from .segment import LayoutError, PreparedMessage, Segmenter
 from .models import Decoder, load_decoder
 from .models.decoder import LayerKV
+from .runner import RunStats, score_passes
 from .packs import Pack, load_pack
 from .records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
 
@@ -31,38 +32,6 @@ class Message:
 
     id: str
     fields: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """What one :meth:`Engine.run` computed: ``passes`` forward passes over ``tokens_computed``
-    tokens fed (no padding; a message split over passes has its content computed once and
-    carried, so this equals the messages' own tokens)."""
-
-    passes: int = 0
-    tokens_computed: int = 0
-
-
-@dataclass(frozen=True)
-class _Read:
-    """One log-probability to read: ``token`` after read row ``row`` of a pass, added to choice
-    ``choice`` of question ``question`` of the message at ``slot``."""
-
-    row: int
-    token: int
-    slot: int
-    question: int
-    choice: int
-
-
-def _reads(works: Sequence[Work], read_offsets: Sequence[Sequence[int]]) -> Iterator[_Read]:
-    """Every read of a pass, in token order within each choice (so sums are deterministic)."""
-    for w, offsets in zip(works, read_offsets):
-        for bi, off in zip(w.branches, offsets):
-            b = w.message.branches[bi]
-            for ci, path in enumerate(b.choices):
-                for read_idx, tok in path:
-                    yield _Read(off + read_idx, tok, w.slot, b.question, ci)
 
 
 def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
@@ -181,30 +150,10 @@ class Engine:
 
         Returns one :class:`ScoreRecord` per message, in the given order.
         """
-        # logprob sums per message slot: {question: [per choice]}
-        sums: list[dict[int, list[float]]] = [{} for _ in prepared]
-        passes = computed = 0
-        carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
-        for works in plan_passes(prepared, self.token_budget):
-            layout = build_pass(works, self.preamble_len)
-            passes, computed = passes + 1, computed + layout.n_tokens
-            hidden, kept = self.decoder.forward(
-                layout, self.prefix, [carried[w.slot] for w in works if not w.with_content]
-            )
-            carried.update(zip((w.slot for w in works if w.keep_kv), kept))
-            reads = list(_reads(works, layout.read_offsets))
-            lps = self.decoder.token_logprobs(
-                hidden,
-                torch.tensor([r.row for r in reads], dtype=torch.int64),
-                torch.tensor([r.token for r in reads], dtype=torch.int64),
-            ).tolist()
-            for r, lp in zip(reads, lps):
-                per_q = sums[r.slot].setdefault(r.question, [0.0] * len(self.questions[r.question].choices))
-                per_q[r.choice] += lp  # float64 sum in token order: deterministic
-            for w in works:
-                if w.last:
-                    carried.pop(w.slot, None)
-        self.last_run = RunStats(passes, computed)
+        sums, self.last_run = score_passes(
+            self.decoder, prepared, self.token_budget, self.prefix, self.preamble_len,
+            [len(q.choices) for q in self.questions],
+        )
         return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
 
     def _record(self, p: PreparedMessage, sums: dict[int, list[float]]) -> ScoreRecord:

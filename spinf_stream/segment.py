@@ -16,9 +16,10 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .packs import Pack
+if TYPE_CHECKING:  # the pack is only read through its methods; keeps this module free of pydantic
+    from .packs import Pack
 
 
 class LayoutError(ValueError):

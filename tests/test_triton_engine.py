@@ -94,3 +94,28 @@ def test_triton_path_is_bitwise_invariant_to_order_budget_and_splits(tiny_models
     shuffled = msgs[:]
     random.Random(1).shuffle(shuffled)
     assert run(shuffled, 120) == together
+
+
+def test_attention_is_one_kernel_launch_per_layer_per_pass(tiny_models, loaded, triton_decoder, monkeypatch):
+    """No per-message loop in the layer loop: the whole pass's attention is one launch a layer."""
+    import importlib
+
+    ta = importlib.import_module("kernels.tree_attention")  # the module, not the function of that name
+
+    launches = []
+    real = ta._tree_attention_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(ta, "_tree_attention_kernel", Counting())
+    family = "gemma3"
+    _, tok = loaded(tiny_models(family))
+    decoder = triton_decoder(family)
+    engine = Engine(decoder, tok, load_pack("spam"), family)
+    launches.clear()
+    engine.score(_messages(4))  # four messages, many branches: one pass
+    assert engine.last_run.passes == 1
+    assert len(launches) == decoder.spec.num_layers

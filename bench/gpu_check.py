@@ -1,0 +1,345 @@
+"""The one script to run on a machine with one NVIDIA GPU: speed, invariance and parity of the GPU
+engine on real model shapes with random weights. Installs nothing, downloads nothing.
+
+    python bench/gpu_check.py                 # Gemma-3-12B and Qwen3-8B shapes, bf16 and fp8 (< 8 min on one H200)
+    python bench/gpu_check.py --non-invariant # also the same passes with cuBLAS GEMMs (the cost of invariance)
+    python bench/gpu_check.py --tiny          # a tiny shape on the CPU through Triton's interpreter (CI runs this)
+
+Workload (the seed's): 24 documents of 470 tokens, 56 questions of 13 tokens each with two
+single-token choices, token budget 16,384 — seeded random token ids, so no tokenizer or weights
+are needed. Models: random-weight Gemma-3-12B text (hidden 3840, 48 layers, 16 query / 8 KV heads,
+head dim 256, MLP 15360, vocab 262144, sliding window 1024 on 5 of 6 layers) and Qwen3-8B (hidden
+4096, 36 layers, 32 / 8 heads, head dim 128, MLP 12288, vocab 151936, q/k norms), built with
+transformers' own classes so the baselines run the same weights.
+
+First a small fp32 parity check of the Triton path against the torch path on the GPU. Then one
+JSON line per (shape, setting): questions/s, tokens/s, achieved TFLOP/s and MFU against a GEMM
+peak measured in this run (bf16 ``torch.mm`` 8192³; fp8 ``torch._scaled_mm``), peak GPU memory,
+``digests_equal`` (every document scored alone = in the full batch = in reverse order), and the
+same workload through transformers on the same weights and GPU: (a) one prompt per question (one
+question sampled per document) and (b) the document's KV cache reused for every question, as
+ratios of questions/s. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
+12B shape, >= 5x (b), MFU >= 50 %, digests equal, <= 5 % slower than ``--non-invariant``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+if "--tiny" in sys.argv:  # the kernels run in Triton's interpreter: set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from spinf_stream.runner import score_passes  # noqa: E402
+from spinf_stream.layout import plan_passes  # noqa: E402
+from spinf_stream.models import build_decoder, spec_for  # noqa: E402
+from spinf_stream.models.backend import Backend  # noqa: E402
+from spinf_stream.models.decoder import Decoder  # noqa: E402
+from spinf_stream.segment import Branch, PreparedMessage  # noqa: E402
+
+YES, NO = 5, 6  # the two choices' token ids
+
+
+def configs(tiny: bool) -> dict[str, Any]:
+    from transformers import Gemma3TextConfig, Qwen3Config
+
+    if tiny:
+        return {
+            "tiny-gemma3": Gemma3TextConfig(
+                vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=2048,
+            ),
+        }
+    return {
+        "gemma3-12b": Gemma3TextConfig(
+            vocab_size=262144, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+            sliding_window=1024, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 8,
+            max_position_embeddings=131072, rope_theta=1_000_000.0,
+        ),
+        "qwen3-8b": Qwen3Config(
+            vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+            rope_theta=1_000_000.0, tie_word_embeddings=False,
+        ),
+    }
+
+
+# ------------------------------------------------------------------------------------ workload
+
+
+def workload(vocab: int, docs: int, doc_len: int, questions: int, q_len: int, seed: int = 0) -> list[PreparedMessage]:
+    """``docs`` messages of random content, each asked the same ``questions`` (random tokens)."""
+    rng = random.Random(seed)
+    q_tokens = [tuple(rng.randrange(10, vocab) for _ in range(q_len)) for _ in range(questions)]
+    branches = tuple(
+        Branch(q, toks, tuple(range(-1, q_len - 1)), tuple(range(q_len)), (q_len - 1,), (((0, YES),), ((0, NO),)))
+        for q, toks in enumerate(q_tokens)
+    )
+    return [
+        PreparedMessage(i, f"doc{i}", tuple(rng.randrange(10, vocab) for _ in range(doc_len)), False, 0, branches)
+        for i in range(docs)
+    ]
+
+
+def digest(sums: dict[int, list[float]]) -> str:
+    h = hashlib.sha256()
+    for q in sorted(sums):
+        h.update(struct.pack(f"<{len(sums[q])}d", *sums[q]))
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------- measuring
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_peak(device: torch.device, dtype: str) -> float:
+    """Best-of-5 FLOP/s of one large GEMM: bf16 ``torch.mm`` (fp32 on the CPU), or fp8 ``_scaled_mm``."""
+    n = 8192 if device.type == "cuda" else 1024
+    if dtype == "fp8":
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        run = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    else:
+        dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+        a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
+        run = lambda: torch.mm(a, b)  # noqa: E731
+    run()
+    sync(device)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        run()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def model_flops(spec: Any, prepared: list[PreparedMessage], budget: int) -> float:
+    """Useful FLOPs of the engine's passes: 2 x params x tokens + attention over each token's
+    visible keys (window-capped) + the LM head at read rows (bench/engine_bench.py's formula)."""
+    h, i, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    per_layer = h * (spec.num_heads + 2 * spec.num_kv_heads) * d + spec.num_heads * d * h + 3 * h * i
+    params = spec.num_layers * per_layer
+    total = 0.0
+    for works in plan_passes(prepared, budget):
+        for w in works:
+            m = w.message
+            n = len(m.content)
+            keys = [m.prefix_len + j + 1 for j in range(n)] if w.with_content else []
+            reads = 0
+            for bi in w.branches:
+                b = m.branches[bi]
+                keys.extend(m.prefix_len + n + dd + 1 for dd in b.depths)
+                reads += len(b.reads)
+            total += 2.0 * params * len(keys) + 2.0 * h * spec.vocab_size * reads
+            for ls in spec.layers:
+                seen = sum(keys) if ls.window is None else sum(min(k, ls.window) for k in keys)
+                total += 4.0 * spec.num_heads * d * seen
+    return total
+
+
+# ------------------------------------------------------------------------------- transformers
+
+
+def hf_kv_reuse(model: Any, prepared: list[PreparedMessage], device: torch.device) -> tuple[int, float]:
+    """(b): per document one forward with a cache, then each question's tokens over a copy of it."""
+    from transformers import DynamicCache
+
+    sync(device)
+    t0 = time.perf_counter()
+    asked = 0
+    with torch.inference_mode():
+        for m in prepared:
+            base = DynamicCache(config=model.config)
+            model(torch.tensor([m.content], device=device), past_key_values=base, use_cache=True, logits_to_keep=1)
+            n = len(m.content)
+            for b in m.branches:
+                cache = copy.deepcopy(base)
+                out = model(
+                    torch.tensor([b.tokens], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    position_ids=torch.arange(n, n + len(b.tokens), device=device)[None],
+                )
+                out.logits[0, -1].float().log_softmax(-1)[[YES, NO]].tolist()
+                asked += 1
+    sync(device)
+    return asked, time.perf_counter() - t0
+
+
+def hf_prompt_per_question(model: Any, prepared: list[PreparedMessage], device: torch.device) -> tuple[int, float]:
+    """(a): one whole prompt per question, no cache; one question sampled per document."""
+    rng = random.Random(1)
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for m in prepared:
+            b = m.branches[rng.randrange(len(m.branches))]
+            out = model(torch.tensor([m.content + b.tokens], device=device), use_cache=False, logits_to_keep=1)
+            out.logits[0, -1].float().log_softmax(-1)[[YES, NO]].tolist()
+    sync(device)
+    return len(prepared), time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------ the runs
+
+
+def build(config: Any, device: torch.device, seed: int) -> tuple[Any, dict[str, torch.Tensor]]:
+    """transformers' model of ``config`` with seeded random weights on ``device`` (bf16 on CUDA)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # norm scales near their identity, weights small
+            if p.ndim == 1:
+                p.normal_(0.0, 0.05)
+                if config.model_type != "gemma3_text":
+                    p.add_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    return model, dict(model.state_dict())
+
+
+def decoder_for(config: Any, sd: dict[str, torch.Tensor], dtype: str, device: torch.device, kernels: str) -> Decoder:
+    torch_dtype: torch.dtype | str = "fp8" if dtype == "fp8" else getattr(torch, dtype)
+    return build_decoder(spec_for(config), sd, dtype=torch_dtype, device=device, backend=Backend(kernels))
+
+
+def parity_check(device: torch.device) -> dict[str, Any]:
+    """fp32: the Triton path against the torch path on the same device, a small Qwen3-like shape."""
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)
+    _, sd = build(cfg, torch.device("cpu"), 3)
+    sd = {k: v.to(device, torch.float32) for k, v in sd.items()}
+    prepared = workload(1024, 3, 60, 6, 9, seed=3)
+    n_choices = [2] * 6
+    triton = score_passes(decoder_for(cfg, sd, "float32", device, "triton"), prepared, 16384, None, 0, n_choices)[0]
+    ref = score_passes(decoder_for(cfg, sd, "float32", device, "torch"), prepared, 16384, None, 0, n_choices)[0]
+    worst = max(abs(a - b) for t, r in zip(triton, ref) for q in t for a, b in zip(t[q], r[q]))
+    return {"check": "parity_fp32_triton_vs_torch", "device": str(device), "max_abs_dlogprob": worst, "ok": worst <= 1e-4}
+
+
+def run_setting(
+    name: str, config: Any, model: Any, sd: dict[str, torch.Tensor], dtype: str, kernels: str,
+    prepared: list[PreparedMessage], budget: int, device: torch.device, peaks: dict[str, float],
+    baselines: dict[str, tuple[int, float]],
+) -> dict[str, Any]:
+    decoder = decoder_for(config, sd, dtype, device, kernels)
+    n_choices = [2] * len(prepared[0].branches)
+    score_passes(decoder, prepared[:1], budget, None, 0, n_choices)  # compile the kernels
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    t0 = time.perf_counter()
+    batch, stats = score_passes(decoder, prepared, budget, None, 0, n_choices)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    questions = sum(len(m.branches) for m in prepared)
+    flops = model_flops(decoder.spec, prepared, budget)
+    peak = peaks["fp8" if dtype == "fp8" else "bf16"]
+    reverse = score_passes(decoder, prepared[::-1], budget, None, 0, n_choices)[0][::-1]
+    alone = [score_passes(decoder, [m], budget, None, 0, n_choices)[0][0] for m in prepared]
+    d_batch, d_rev, d_alone = ([digest(s) for s in sums] for sums in (batch, reverse, alone))
+    kv_q, kv_s = baselines["kv_reuse"]
+    pp_q, pp_s = baselines["prompt_per_question"]
+    qps = questions / seconds
+    out = {
+        "shape": name, "dtype": dtype, "kernels": kernels, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "documents": len(prepared), "questions": questions, "passes": stats.passes, "tokens": stats.tokens_computed,
+        "seconds": round(seconds, 4), "questions_per_s": round(qps, 1), "tokens_per_s": round(stats.tokens_computed / seconds, 1),
+        "tflops": round(flops / seconds / 1e12, 3), "peak_tflops": round(peak / 1e12, 3), "mfu": round(flops / seconds / peak, 4),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+        "digests_equal": d_batch == d_rev == d_alone,
+        "digests_alone_vs_batch": sum(a == b for a, b in zip(d_alone, d_batch)),
+        "digests_reverse_vs_batch": sum(a == b for a, b in zip(d_rev, d_batch)),
+        "hf_kv_reuse_qps": round(kv_q / kv_s, 1), "hf_prompt_per_question_qps": round(pp_q / pp_s, 2),
+        "ratio_vs_kv_reuse": round(qps / (kv_q / kv_s), 2), "ratio_vs_prompt_per_question": round(qps / (pp_q / pp_s), 2),
+    }
+    del decoder
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU through Triton's interpreter (CI)")
+    ap.add_argument("--non-invariant", action="store_true", help="also run bf16 with cuBLAS GEMMs (not batch-invariant)")
+    ap.add_argument("--shapes", nargs="*", help="subset of the shapes (default all)")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        print("gpu_check: no CUDA GPU visible; use --tiny to run the check on the CPU", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    import triton
+
+    info = {"check": "environment", "torch": torch.__version__, "triton": triton.__version__, "device": str(device)}
+    fp8_ok = True
+    if device.type == "cuda":
+        cc = torch.cuda.get_device_capability(device)
+        info.update(gpu=torch.cuda.get_device_name(device), capability=f"{cc[0]}.{cc[1]}")
+        fp8_ok = cc >= (8, 9)
+    print(json.dumps(info), flush=True)
+    print(json.dumps(parity_check(device)), flush=True)
+    peaks = {"bf16": gemm_peak(device, "bf16")}
+    if fp8_ok and device.type == "cuda":
+        peaks["fp8"] = gemm_peak(device, "fp8")
+    else:  # the interpreter emulates fp8: no tensor-core peak to compare with
+        peaks["fp8"] = peaks["bf16"]
+    if args.tiny:
+        docs, doc_len, questions, q_len, budget = 3, 24, 6, 5, 40  # 40: every document split over two passes
+        settings = [("float32", "triton"), ("fp8", "triton")]
+    else:
+        docs, doc_len, questions, q_len, budget = 24, 470, 56, 13, 16384
+        settings = [("bfloat16", "triton")] + ([("fp8", "triton")] if fp8_ok else [])
+        if args.non_invariant:
+            settings.append(("bfloat16", "cublas"))
+    for name, config in configs(args.tiny).items():
+        if args.shapes and name not in args.shapes:
+            continue
+        model, sd = build(config, device, 0)
+        prepared = workload(config.vocab_size, docs, doc_len, questions, q_len)
+        baselines = {
+            "kv_reuse": hf_kv_reuse(model, prepared, device),
+            "prompt_per_question": hf_prompt_per_question(model, prepared, device),
+        }
+        for dtype, kernels in settings:
+            line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, baselines)
+            print(json.dumps(line), flush=True)
+        del model, sd
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(json.dumps({"check": "done", "seconds": round(time.perf_counter() - t_start, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

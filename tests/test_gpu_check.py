@@ -1,0 +1,38 @@
+"""bench/gpu_check.py — the script run on a GPU machine — runs end to end here on a tiny shape
+through Triton's interpreter (``--tiny``), with only what a bare GPU image has: torch, triton,
+transformers (pydantic, orjson, platformdirs, aiokafka are hidden from it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+HIDDEN = ["pydantic", "pydantic_settings", "orjson", "platformdirs", "aiokafka", "opentelemetry"]  # not in the GPU image
+RUN = (
+    "import sys, runpy\n"
+    f"for m in {HIDDEN!r}: sys.modules[m] = None\n"
+    "sys.argv = ['bench/gpu_check.py', '--tiny']\n"
+    "runpy.run_path('bench/gpu_check.py', run_name='__main__')\n"
+)
+
+
+def test_gpu_check_runs_end_to_end_on_a_tiny_shape_without_the_service_dependencies():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", RUN], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    checks = {line.get("check"): line for line in lines if "check" in line}
+    assert checks["parity_fp32_triton_vs_torch"]["ok"], checks["parity_fp32_triton_vs_torch"]
+    assert "done" in checks
+    settings = [line for line in lines if "shape" in line]
+    assert {s["dtype"] for s in settings} == {"float32", "fp8"}
+    for s in settings:
+        for key in ("questions_per_s", "tokens_per_s", "tflops", "mfu", "peak_memory_gib", "digests_equal",
+                    "ratio_vs_kv_reuse", "ratio_vs_prompt_per_question", "hf_kv_reuse_qps"):
+            assert key in s, key
+        assert s["digests_equal"] is True, s
+        assert s["passes"] > s["documents"]  # the tiny budget splits every document over passes
