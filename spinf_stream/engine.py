@@ -8,7 +8,8 @@ are all the stream calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ from .segment import LayoutError, PreparedMessage, Segmenter
 from .models import Decoder, load_decoder
 from .models.decoder import PrefixKV
 from .packs import Pack, load_pack
-from .records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
+from .config import DEFAULT_TOKEN_BUDGET
+from .records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
 
-DEFAULT_TOKEN_BUDGET = 16_384
+#: dtype names written in records (``fp8`` is named by ``Engine.load``'s caller)
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Engine:
         decoder: the model. tokenizer: its transformers fast tokenizer.
         pack: the validated pack. model_name: the name written in records.
         token_budget: tokens per forward pass (default 16,384).
+        model_sha256: the weights' sha256 written in records (``ResolvedModel.weights_sha256``).
+        dtype_name: the dtype written in records; default: the decoder's (``fp8`` must be named).
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
@@ -62,7 +67,7 @@ class Engine:
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        token_budget: int = DEFAULT_TOKEN_BUDGET, *, model_sha256: str | None = None, dtype_name: str | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -70,6 +75,11 @@ class Engine:
         self.tokenizer = tokenizer
         self.pack = pack
         self.model_name = model_name
+        self.model_sha256 = model_sha256
+        self.device = decoder.device.type
+        self.dtype = dtype_name or DTYPE_NAMES[decoder.dtype]
+        # The Triton kernels run on CUDA, and on CPU tensors (interpreted) when SPINF_KERNELS=triton.
+        self.kernels = "triton" if self.device == "cuda" or os.environ.get("SPINF_KERNELS") == "triton" else "torch"
         self.token_budget = token_budget
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
         self.questions = self.segmenter.questions
@@ -78,9 +88,13 @@ class Engine:
     @classmethod
     def load(
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
-        dtype: torch.dtype = torch.float32, device: str = "cpu",
+        dtype: torch.dtype | str = torch.float32, device: str = "cpu",
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
+
+        ``dtype``: a torch dtype or its name (``float32``, ``bfloat16``, ``float16``); ``device``:
+        a torch device (``cpu``, ``cuda``, ``cuda:N``). Check both first with
+        :func:`spinf_stream.device.choose`.
 
         Raises:
             spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError.
@@ -89,11 +103,23 @@ class Engine:
 
         from .models.weights import resolve
 
+        if isinstance(dtype, str):
+            by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
+            if dtype not in by_name:
+                raise ValueError(f"dtype {dtype!r} is not available in this build; use one of {', '.join(by_name)}")
+            dtype = by_name[dtype]
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
         decoder = load_decoder(resolved.path, dtype=dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        return cls(decoder, tokenizer, pk, resolved.name, token_budget)
+        return cls(decoder, tokenizer, pk, resolved.name, token_budget, model_sha256=resolved.weights_sha256)
+
+    @property
+    def model_info(self) -> ModelRef:
+        """The ``model`` block of every record: name, weights' sha256, device, dtype, kernels."""
+        return ModelRef(
+            name=self.model_name, sha256=self.model_sha256, device=self.device, dtype=self.dtype, kernels=self.kernels
+        )
 
     def _prefill_preamble(self) -> PrefixKV | None:
         ids = self.segmenter.preamble_ids
@@ -169,6 +195,24 @@ class Engine:
                 per_q[ci] += lp  # float64 sum in token order: deterministic
         return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
 
+    def run_iter(self, prepared: Sequence[PreparedMessage]) -> Iterator[list[ScoreRecord]]:
+        """Like :meth:`run`, but yields as it goes: the records of about one forward pass at a time
+        (consecutive messages whose tokens fit the token budget; a longer message alone), in input
+        order. Scores are those of :meth:`run`: they do not depend on the passes' composition.
+
+        Stop early by closing the iterator: no pass starts after the one in flight.
+        """
+        group: list[PreparedMessage] = []
+        used = 0
+        for p in prepared:
+            if group and used + p.n_tokens > self.token_budget:
+                yield self.run(group)
+                group, used = [], 0
+            group.append(p)
+            used += p.n_tokens
+        if group:
+            yield self.run(group)
+
     def _record(self, p: PreparedMessage, sums: dict[int, list[float]]) -> ScoreRecord:
         scores: dict[str, Any] = {}
         for qi, q in enumerate(self.questions):
@@ -185,7 +229,7 @@ class Engine:
         return ScoreRecord(
             id=p.id,
             pack=PackRef(name=self.pack.name, version=self.pack.version),
-            model=self.model_name,
+            model=self.model_info,
             scores=scores,
             digest=digest(scores),
         )

@@ -33,7 +33,7 @@ import orjson
 import pytest
 
 from spinf_stream.config import RunSettings
-from spinf_stream.records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
+from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
 from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import read_topics
 from spinf_stream.stream.produce import produce_values
@@ -294,8 +294,12 @@ class FakeScorer:
     max_chars: int = 4000
     crash_text: str = "__crash_the_engine__"
     model_name: str = "fake-model"
-    pack: Any = field(default_factory=lambda: SimpleNamespace(name="spam", version="1.0.0"))
+    pack: Any = field(default_factory=lambda: SimpleNamespace(name="spam", version="1.0.0", fields=("text",)))
     batches: list[int] = field(default_factory=list)
+
+    @property
+    def model_info(self) -> ModelRef:
+        return ModelRef(name=self.model_name, sha256=None, device="cpu", dtype="float32", kernels="torch")
 
     def prepare(self, messages: Sequence[Any]) -> list[Any]:
         out: list[Any] = []
@@ -337,7 +341,7 @@ def fake_record(message_id: str, text: str, scorer: FakeScorer) -> ScoreRecord:
     return ScoreRecord(
         id=message_id,
         pack=PackRef(name=scorer.pack.name, version=scorer.pack.version),
-        model=scorer.model_name,
+        model=scorer.model_info,
         scores=scores,
         digest=digest(scores),
     )

@@ -1,5 +1,5 @@
 """``spinf-stream score``: one output line per input line, in order; bad lines get an error
-record in their place; exit code 0 unless --strict."""
+record in their place; exit code 0 unless --strict (or no line could be scored)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, dataset
 
 from spinf_stream.engine import Engine, Message
+from spinf_stream.messages import Decoded
 from spinf_stream.offline import parse_line
 from spinf_stream.packs import load_pack
 
@@ -18,13 +19,13 @@ BAD_LINES = [
     (b"\xff\xfe not utf-8", "invalid_utf8"),
     (b"not json", "invalid_json"),
     (b"[1, 2]", "not_an_object"),
-    (b'{"text": "no id"}', "missing_field"),
+    (b'{"id": "z", "body": "no text"}', "missing_field"),
     (b'{"id": "a", "text": ""}', "empty_field"),
     (b'{"id": "b", "text": "   "}', "empty_field"),
     (b'{"id": "c", "text": 42}', "wrong_type"),
     (b'{"id": "d"}', "missing_field"),
     (b'{"id": ["e"], "text": "x"}', "wrong_type"),
-    (b"", "invalid_json"),
+    (b"", "empty_value"),
 ]
 
 
@@ -93,12 +94,15 @@ def test_missing_model_package_names_the_pip_command(tmp_path):
 @pytest.mark.parametrize(("raw", "kind"), BAD_LINES)
 def test_parse_line_kinds(raw, kind):
     got = parse_line(raw, 7)
-    if kind in ("empty_field", "wrong_type") and b'"text"' in raw and b'"id": "' in raw:
-        assert isinstance(got, Message)  # the pack's fields are checked by the engine
-    elif kind == "missing_field" and raw == b'{"id": "d"}':
-        assert isinstance(got, Message)
+    if b'"id": "' in raw:
+        assert isinstance(got, Decoded)  # the pack's fields are checked by the engine
     else:
-        assert got.error.kind == kind
+        assert got.error.kind == kind and got.error.message.startswith("line 7: ")
+
+
+def test_a_line_without_an_id_is_named_by_its_file_and_line_number():
+    assert parse_line(b'{"text": "hi"}', 12, source="dev.jsonl") == Decoded({"text": "hi"}, "dev.jsonl:12")
+    assert parse_line(b'{"id": null, "text": "hi"}', 3).id == "stdin:3"
 
 
 def test_message_with_braces_is_scored_literally(tiny_models, loaded):
