@@ -38,15 +38,16 @@ class SlowEngine(FakeScorer):
 
     pass_messages: int = 10
     watch: Path | None = None
-    lines_at_pass_start: list[int] | None = None
+    lines_at_pass_start: list[int] = field(default_factory=list)
+    pass_sizes: list[int] = field(default_factory=list)
 
     def run_iter(self, prepared: Sequence[FakePrepared]) -> Iterator[list[Any]]:
-        if self.lines_at_pass_start is None:
-            self.lines_at_pass_start = []
         for start in range(0, len(prepared), self.pass_messages):
             if self.watch is not None:
                 self.lines_at_pass_start.append(len(self.watch.read_bytes().splitlines()) if self.watch.exists() else 0)
-            yield self.run(prepared[start : start + self.pass_messages])
+            group = prepared[start : start + self.pass_messages]
+            self.pass_sizes.append(len(group))
+            yield self.run(group)
 
 
 def _patched_load(*args: Any, **kwargs: Any) -> Any:
