@@ -11,7 +11,6 @@ dropped; the top level is an object; ``id`` is a non-empty string or an integer,
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import orjson
