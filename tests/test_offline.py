@@ -8,7 +8,7 @@ import sys
 
 import orjson
 import pytest
-from conftest import REPO, dataset
+from conftest import REPO
 
 from spinf_stream.engine import Engine, Message
 from spinf_stream.messages import Decoded
@@ -39,7 +39,7 @@ def model_dir(tiny_models):
 
 
 def test_bad_lines_get_error_records_in_place_and_the_rest_are_scored(model_dir, loaded, tmp_path):
-    good = dataset("sms_spam", 5)
+    good = [orjson.loads(line) for line in (REPO / "examples" / "messages.jsonl").read_bytes().splitlines()[:5]]
     lines = []
     for i, (bad, _) in enumerate(BAD_LINES):
         lines.append(orjson.dumps(good[i % 5] | {"id": f"good-{i}"}))
