@@ -301,7 +301,7 @@ class ScoreCommand(BaseSettings):
     )
     strict: bool = Field(default=False, description="Exit 1 if any line could not be scored (else only if none could).")
     progress: bool = Field(default=True, description="Progress bar on stderr when it is a terminal.")
-    log_level: LogLevel = Field("WARNING", description=LOG_LEVEL_HELP)
+    log_level: LogLevel = Field("INFO", description=LOG_LEVEL_HELP)
 
     def cli_cmd(self) -> None:
         from . import preflight

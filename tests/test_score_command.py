@@ -80,15 +80,16 @@ def test_exit_1_when_no_line_could_be_scored_naming_the_commonest_error(tmp_path
     assert len(dst.read_bytes().splitlines()) == 3
 
 
-def test_a_summary_line_and_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
+def test_the_model_line_at_start_and_a_summary_line_but_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_bytes(_lines(12) + b"\n")
     proc = _fake_cli(["score", "--pack", "spam", "--model", "smollm2-135m", "--input", str(src), "--output", str(dst)], "slow:0")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     lines = err.decode().splitlines()
-    assert len(lines) == 1 and "\r" not in err.decode()
-    assert lines[0].startswith("spinf-stream score: scored 12 of 13 lines (1 errors) in ") and lines[0].endswith(str(dst))
+    assert len(lines) == 2 and "\r" not in err.decode()
+    assert lines[0].endswith("model fake-model (sha256 None) on cpu in float32, kernels torch")
+    assert lines[1].startswith("spinf-stream score: scored 12 of 13 lines (1 errors) in ") and lines[1].endswith(str(dst))
 
 
 def test_the_progress_bar_counts_messages_and_questions(tmp_path, capsys):
