@@ -66,8 +66,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "in.jsonl").write_bytes(b'{"id": "1", "text": "hello"}\n')
     (d / "a_file").write_text("x")
     (d / "news.yaml").write_text(NEWS_PACK)
+    (d / "typo.yaml").write_text(NEWS_PACK.replace("choices:", "choises:"))
     return {"in": str(d / "in.jsonl"), "dir": str(d), "file": str(d / "a_file"), "out": str(d / "out" / "o.jsonl"),
-            "news": str(d / "news.yaml")}
+            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml")}
 
 
 def score(files: dict[str, str], *extra: str) -> list[str]:
@@ -96,6 +97,7 @@ CASES = [
     ("unknown device", lambda f: score(f, "--device", "gpu"), {}, ["--device gpu", "auto, cpu, cuda or cuda:N"], False),
     ("fp8 on the CPU", lambda f: score(f, "--device", "cpu", "--dtype", "fp8"), {}, ["--dtype fp8", "use --dtype float32"], False),
     ("unknown pack", lambda f: score(f, "--pack", "no_such_pack"), {}, ["no_such_pack", "no such pack"], True),
+    ("unknown key in the pack", lambda f: score(f, "--pack", f["typo"]), {}, ["typo.yaml", "choises", "unknown key", "choices"], True),
     ("text input with a two-field pack", lambda f: score(f, "--pack", f["news"], "--input-format", "text"), {}, ["--input-format text", "exactly one field", "{title}, {text}"], True),
     ("missing input file", lambda f: score(f, "--input", f["dir"] + "/missing.jsonl"), {}, ["--input", "missing.jsonl", "SPINF_INPUT", "no such file"], True),
     ("input is a directory", lambda f: score(f, "--input", f["dir"]), {}, ["--input", "is a directory"], True),
