@@ -114,3 +114,19 @@ def test_message_with_braces_is_scored_literally(tiny_models, loaded):
     seg = engine.segmenter.prepare(0, "a", {"text": "pay {amount} now {{x}} {text}"})
     head = tok.decode(list(engine.segmenter.preamble_ids) + list(seg.content))
     assert "pay {amount} now {{x}} {text}" in head
+
+
+def test_run_iter_yields_the_records_of_run_about_one_pass_at_a_time(tiny_models, loaded):
+    decoder, tok = loaded(tiny_models("llama"))
+    engine = Engine(decoder, tok, load_pack("spam"), "tiny", token_budget=300)
+    rows = [orjson.loads(line) for line in (REPO / "examples" / "messages.jsonl").read_bytes().splitlines()]
+    prepared = engine.prepare([Message(r["id"], r) for r in rows])
+    groups = list(engine.run_iter(prepared))
+    assert len(groups) > 1 and all(groups)
+    first = 0
+    for g in groups:  # each group fits the budget, or is one message alone
+        assert len(g) == 1 or sum(p.n_tokens for p in prepared[first : first + len(g)]) <= 300
+        first += len(g)
+    flat = [r for g in groups for r in g]
+    assert [r.id for r in flat] == [r["id"] for r in rows]
+    assert [r.digest for r in flat] == [r.digest for r in engine.run(prepared)]
