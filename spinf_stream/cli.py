@@ -17,7 +17,15 @@ import traceback
 from collections.abc import Sequence
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    CliApp,
+    CliSettingsSource,
+    CliSubCommand,
+    CliToggleFlag,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import UsageError
@@ -46,12 +54,23 @@ class SpinfStream(BaseSettings):
         cli_prog_name="spinf-stream", cli_kebab_case=True, cli_implicit_flags=True, cli_exit_on_error=False
     )
 
-    version: bool = Field(False, description="Print the version, the torch and triton versions and the GPUs torch sees, then exit.")
+    version: CliToggleFlag[bool] = Field(
+        False, description="Print the version, the torch and triton versions and the GPUs torch sees, then exit."
+    )
     score: CliSubCommand[ScoreCommand] = Field(description="score a JSON Lines file offline")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")
     consume: CliSubCommand[ConsumeCommand] = Field(description="print a topic's records as JSON lines")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The root reads only the command line: an unrelated VERSION variable must not print versions.
+        return (init_settings,)
 
     def cli_cmd(self) -> None:
         if self.version:

@@ -169,7 +169,7 @@ class ScoringSettings(BaseSettings):
         description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
         json_schema_extra=plain("NAME|PATH"),
     )
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("DEVICE", "auto, cpu, cuda or cuda:N"))
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
     dtype: DType = Field("auto", description=DTYPE_HELP)
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")

@@ -293,7 +293,7 @@ class ScoreCommand(BaseSettings):
         json_schema_extra=plain("NAME|PATH"),
     )
     token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("DEVICE", "auto, cpu, cuda or cuda:N"))
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
     dtype: DType = Field("auto", description=DTYPE_HELP)
     input_format: InputFormat = Field(
         "json",

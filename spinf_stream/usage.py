@@ -76,8 +76,9 @@ class Option:
     def __init__(self, model: type[BaseModel], name: str, info: FieldInfo) -> None:
         self.model, self.name, self.info = model, name, info
         self.flag = "--" + name.replace("_", "-")
-        prefix = model.model_config.get("env_prefix", "") if issubclass(model, BaseSettings) else None
-        self.env: str | None = None if prefix is None else f"{prefix}{name}".upper()
+        # Our commands read SPINF_* variables; a model without a prefix (the root) reads none.
+        prefix = model.model_config.get("env_prefix", "") if issubclass(model, BaseSettings) else ""
+        self.env: str | None = f"{prefix}{name}".upper() if prefix else None
         self.type, _ = _bare(info.annotation)
 
     @property
@@ -116,7 +117,7 @@ class Option:
             return "a file path"
         if get_origin(t) in (list, tuple, set):
             return "values, comma-separated (or the flag repeated)"
-        return "text"
+        return "any text"
 
     def default(self) -> str:
         """The default in words (``none``, ``on``/``off`` for flags), or ``required``."""
@@ -135,7 +136,8 @@ class Option:
 
     def help(self) -> str:
         """The ``--help`` text: the description, then allowed values, default and variable."""
-        notes = [] if self.is_flag else [self.allowed()]
+        allowed = self.allowed()
+        notes = [] if self.is_flag or allowed == "any text" else [allowed]
         default = self.default()
         notes.append(default if default == "required" else f"default: {default}")
         if self.env:
