@@ -234,7 +234,13 @@ def explain(
     text = re.sub(r"^error parsing CLI: ", "", text)
     m = re.match(r"unrecognized arguments: (.*)", text)
     if m:
-        unknown = [a for a in m.group(1).split() if a.startswith("-")] or m.group(1).split()
+        tokens = m.group(1).split()
+        unknown = [a for a in tokens if a.startswith("-")]
+        if not unknown:
+            return (
+                f"unexpected argument {tokens[0]!r}: values follow their flag (--name VALUE) and on/off flags "
+                "take none (--strict, --no-strict)"
+            )
         command = next((a for a in argv if a in subs), None)
         known = [o.flag for o in options(root).values() if command is None or o.model is subs.get(command)]
         hint = difflib.get_close_matches(unknown[0].split("=", 1)[0], known, n=1)

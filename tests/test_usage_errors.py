@@ -88,6 +88,7 @@ CASES = [
     ("cert without key", lambda f: ["run", "--ssl-certfile", f["file"]], {}, ["--ssl-keyfile", "together"], False),
     ("unknown input format", lambda f: ["run", "--input-format", "xml"], {}, ["--input-format xml", "one of json, text"], False),
     ("misspelt flag", lambda f: ["run", "--windw-ms", "3"], {}, ["unknown option --windw-ms", "did you mean --window-ms"], False),
+    ("value after an on/off flag", lambda f: ["score", "--strict", "yes"], {}, ["unexpected argument 'yes'", "--no-strict"], False),
     ("flag without its value", lambda f: ["run", "--token-budget"], {}, ["--token-budget needs a value"], False),
     ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, run, dev"], False),
     ("no command", lambda f: [], {}, ["choose a command"], False),
