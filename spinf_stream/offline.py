@@ -17,7 +17,7 @@ import logging
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -151,8 +151,6 @@ def score_file(
     """
     from tqdm import tqdm
 
-    from .engine import Message
-
     total = None
     if progress and input_path != "-":
         with open(input_path, "rb") as f:
@@ -175,60 +173,67 @@ def score_file(
                     fout.write(orjson.dumps(rec.model_dump(mode="json")) + b"\n")
                 summary.written += 1
 
+            def after_pass() -> bool:
+                fout.flush()
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix_str(f"{summary.questions / elapsed:.1f} q/s", refresh=False)
+                bar.update(summary.written - bar.n)
+                return stop()
+
             for chunk in _chunks(_lines(fin), CHUNK_MESSAGES):
+                if stop():
+                    summary.interrupted = True
+                    break
                 first = summary.lines + 1
                 summary.lines += len(chunk)
                 parsed = [
                     parse_line(raw, first + k, source=source, input_format=input_format, text_field=text_field)
                     for k, raw in enumerate(chunk)
                 ]
-                todo = [Message(id=p.id, fields=p.fields) for p in parsed if isinstance(p, Decoded)]
-                prepared = iter(engine.prepare(todo))
-                slots = [next(prepared) if isinstance(p, Decoded) else p for p in parsed]
-                ready = [s for s in slots if not isinstance(s, ErrorRecord)]
-                # slots[i] is an error record (written in its place) or waits for a score record.
-                pos = 0
-                done = 0
-
-                def flush_errors() -> None:
-                    nonlocal pos
-                    while pos < len(slots) and isinstance(slots[pos], ErrorRecord):
-                        write(slots[pos])
-                        pos += 1
-
-                flush_errors()
-                passes = engine.run_iter(ready)
-                try:
-                    for records in passes:
-                        for rec in records:
-                            write(rec)
-                            pos += 1
-                            flush_errors()
-                        fout.flush()
-                        done += len(records)
-                        elapsed = time.perf_counter() - start
-                        bar.set_postfix_str(f"{summary.questions / max(elapsed, 1e-9):.1f} q/s", refresh=False)
-                        bar.update(summary.written - bar.n)
-                        if stop():
-                            summary.interrupted = True
-                            break
-                finally:
-                    close = getattr(passes, "close", None)
-                    if close is not None:
-                        close()  # no pass starts after the one that finished
-                fout.flush()
-                bar.update(summary.written - bar.n)
-                if summary.interrupted:
-                    break
-                if done == len(ready) and stop():
+                if _score_chunk(engine, parsed, write, after_pass):
                     summary.interrupted = True
                     break
-    except KeyboardInterrupt:
+                after_pass()
+    except KeyboardInterrupt:  # a second Ctrl-C: what was flushed stays
         summary.interrupted = True
     finally:
         bar.close()
         summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _score_chunk(
+    engine: Any, parsed: list[Decoded | ErrorRecord], write: Callable[[Any], None], after_pass: Callable[[], bool]
+) -> bool:
+    """Score one chunk of parsed lines: each line's record is written in input order as soon as it
+    exists (error records at once, score records as their pass finishes). ``after_pass()`` runs
+    after each pass; when it returns true no further pass starts. Returns whether it stopped."""
+    from .engine import Message
+
+    todo = [Message(id=p.id, fields=p.fields) for p in parsed if isinstance(p, Decoded)]
+    prepared = iter(engine.prepare(todo))
+    pending = deque(next(prepared) if isinstance(p, Decoded) else p for p in parsed)
+    ready = [p for p in pending if not isinstance(p, ErrorRecord)]
+
+    def write_errors() -> None:  # the error records up to the next line that waits for a score
+        while pending and isinstance(pending[0], ErrorRecord):
+            write(pending.popleft())
+
+    write_errors()
+    passes = engine.run_iter(ready)
+    try:
+        for records in passes:
+            for rec in records:
+                pending.popleft()
+                write(rec)
+                write_errors()
+            if after_pass():
+                return True
+    finally:
+        close = getattr(passes, "close", None)
+        if close is not None:
+            close()  # no pass starts after the one that finished
+    return False
 
 
 def _chunks(lines: Iterator[bytes], n: int) -> Iterator[list[bytes]]:
