@@ -93,6 +93,9 @@ def run_settings(t: Topics, **overrides: Any) -> RunSettings:
         "heartbeat_interval_ms": 300,
         "max_poll_interval_ms": 20000,
         "shutdown_timeout_s": 60,
+        # the in-process engines the records are compared with run on the CPU in float32
+        "device": "cpu",
+        "dtype": "float32",
     }
     values.update(overrides)
     return RunSettings.model_validate(values)

@@ -30,7 +30,9 @@ BAD_LINES = [
 
 
 def _run(args, **kw):
-    return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", *args], cwd=REPO, capture_output=True, **kw)
+    # on the CPU in float32, like the in-process engines the records are compared with
+    cpu = ["--device", "cpu", "--dtype", "float32"]
+    return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", *args, *cpu], cwd=REPO, capture_output=True, **kw)
 
 
 @pytest.fixture(scope="module")
