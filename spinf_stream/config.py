@@ -23,6 +23,29 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 DEFAULT_PACK = "spam"
+DEFAULT_TOKEN_BUDGET = 16_384
+
+#: ``--device``/``--dtype`` (checked against the machine by ``spinf_stream.device.choose``)
+DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:[0-9]+)$"
+DType = Literal["auto", "float32", "bfloat16", "fp8"]
+DEVICE_HELP = "Where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or cuda:N."
+DTYPE_HELP = (
+    "Weights and activations: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, "
+    "or fp8 (GPUs with compute capability 8.9 or newer)."
+)
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVEL_HELP = "Log level (message content is never logged); DEBUG also shows tracebacks."
+
+
+def plain(metavar: str | None = None, allowed: str | None = None) -> dict[str, str]:
+    """``json_schema_extra`` of a field whose ``--help`` needs plainer words than its type gives:
+    ``metavar`` (the value's placeholder, e.g. ``HOST:PORT``) and ``allowed`` (what it may be)."""
+    out = {}
+    if metavar:
+        out["metavar"] = metavar
+    if allowed:
+        out["allowed"] = allowed
+    return out
 
 
 def _settings_config(**extra: Any) -> SettingsConfigDict:
@@ -33,6 +56,11 @@ def _settings_config(**extra: Any) -> SettingsConfigDict:
         extra="ignore",
         **extra,
     )
+
+
+#: the settings config of every command (``SPINF_`` variables, kebab-case flags); for commands
+#: defined in other modules (``spinf-stream score``)
+settings_config = _settings_config
 
 
 def _topics(value: Any) -> Any:
@@ -58,6 +86,7 @@ class KafkaSettings(BaseSettings):
     bootstrap_servers: str = Field(
         DEFAULT_BOOTSTRAP,
         description="Kafka bootstrap servers, comma-separated host:port list.",
+        json_schema_extra=plain("HOST:PORT[,HOST:PORT...]", "host:port pairs, comma-separated"),
     )
     client_id: str = Field("spinf-stream", description="Client id sent to the brokers (shows in broker logs and metrics).")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
@@ -67,7 +96,9 @@ class KafkaSettings(BaseSettings):
         None, description="SASL mechanism (with --security-protocol SASL_PLAINTEXT or SASL_SSL)."
     )
     sasl_username: str | None = Field(None, description="SASL username.")
-    sasl_password: SecretStr | None = Field(None, description="SASL password (prefer the SPINF_SASL_PASSWORD variable).")
+    sasl_password: SecretStr | None = Field(
+        None, description="SASL password (prefer the SPINF_SASL_PASSWORD variable).", json_schema_extra=plain("PASSWORD")
+    )
     ssl_cafile: Path | None = Field(None, description="CA certificate file (PEM) to verify the brokers (SSL, SASL_SSL).")
     ssl_certfile: Path | None = Field(None, description="Client certificate file (PEM) for mutual TLS.")
     ssl_keyfile: Path | None = Field(None, description="Client private key file (PEM) for mutual TLS.")
@@ -76,11 +107,21 @@ class KafkaSettings(BaseSettings):
     def _check_security(self) -> KafkaSettings:
         if self.security_protocol.startswith("SASL_"):
             if self.sasl_mechanism is None:
-                raise ValueError(f"--security-protocol {self.security_protocol} needs --sasl-mechanism")
-            if self.sasl_username is None or self.sasl_password is None:
-                raise ValueError("SASL needs --sasl-username and --sasl-password")
+                raise ValueError(
+                    f"--security-protocol {self.security_protocol} needs --sasl-mechanism "
+                    "(SPINF_SASL_MECHANISM): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+                )
+            missing = [
+                f"--{name.replace('_', '-')} (SPINF_{name.upper()})"
+                for name in ("sasl_username", "sasl_password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"--security-protocol {self.security_protocol} needs {' and '.join(missing)}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+            raise ValueError(
+                "--ssl-certfile (SPINF_SSL_CERTFILE) and --ssl-keyfile (SPINF_SSL_KEYFILE) go together: give both or neither"
+            )
         return self
 
     def client_kwargs(self) -> dict[str, Any]:
@@ -113,14 +154,25 @@ class ScoringSettings(BaseSettings):
     input_topic: Annotated[list[str], NoDecode] = Field(
         ["messages"],
         description="Topic to score (repeat the flag, or comma-separate, for several).",
+        json_schema_extra=plain("TOPIC[,TOPIC...]", "topic names"),
     )
     output_topic: str = Field("scores", description="Topic the score records are written to.")
     dlq_topic: str = Field("scores.dlq", description="Dead-letter topic: one record per message that could not be scored.")
     group_id: str = Field("spinf-stream", description="Consumer group id; replicas with the same id split the partitions.")
-    pack: str = Field(DEFAULT_PACK, description="Prompt pack: a name shipped in packs/ or a path to a pack YAML file.")
-    model: str = Field(DEFAULT_MODEL, description="Decision model: a short name (installed from PyPI) or a path to a HF directory or GGUF file.")
+    pack: str = Field(
+        DEFAULT_PACK,
+        description="Prompt pack: a name shipped in packs/ or a path to a pack YAML file.",
+        json_schema_extra=plain("NAME|FILE"),
+    )
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
+        json_schema_extra=plain("NAME|PATH"),
+    )
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
+    dtype: DType = Field("auto", description=DTYPE_HELP)
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
-    token_budget: int = Field(16384, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")
     max_inflight: int = Field(
         2048,
@@ -129,7 +181,7 @@ class ScoringSettings(BaseSettings):
     )
     input_format: Literal["json", "text"] = Field(
         "json",
-        description="json: each value is a JSON object with the pack's fields (and an optional id); text: each value is raw UTF-8 text, the pack's {text}.",
+        description="json: each value is a JSON object with the pack's fields (and an optional id); text: each value is raw UTF-8 text, the value of the pack's one field.",
     )
     too_long: Literal["truncate", "reject"] = Field(
         "reject",
@@ -153,7 +205,7 @@ class ScoringSettings(BaseSettings):
     shutdown_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/SIGINT: how long to drain, write and commit before giving up (s)."
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level (message content is never logged).")
+    log_level: LogLevel = Field("INFO", description=LOG_LEVEL_HELP)
     metrics_port: int = Field(
         9464, ge=0, le=65535,
         description="Port of the HTTP endpoint with /metrics (Prometheus), /healthz and /readyz (0 = off).",
@@ -188,7 +240,10 @@ class ScoringSettings(BaseSettings):
     @model_validator(mode="after")
     def _check_timeouts(self) -> ScoringSettings:
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise ValueError("--heartbeat-interval-ms must be below --session-timeout-ms")
+            raise ValueError(
+                f"--heartbeat-interval-ms {self.heartbeat_interval_ms} must be below --session-timeout-ms "
+                f"{self.session_timeout_ms} (SPINF_HEARTBEAT_INTERVAL_MS, SPINF_SESSION_TIMEOUT_MS)"
+            )
         return self
 
 
@@ -196,6 +251,11 @@ class RunSettings(ScoringSettings, KafkaSettings):
     """``spinf-stream run``: score a Kafka topic into a scores topic and a dead-letter topic."""
 
     model_config = _settings_config()
+
+    allow_missing_topics: bool = Field(
+        False,
+        description="Start even when an input topic does not exist yet (a warning; the scorer picks it up once it is created). Without it a missing input topic is an error.",
+    )
 
 
 class DevSettings(ScoringSettings):
@@ -212,6 +272,7 @@ class DevSettings(ScoringSettings):
     input: Path | None = Field(
         None,
         description="JSON-lines file to publish to the (first) input topic once the scorer is up ('-' = stdin).",
+        json_schema_extra=plain("FILE"),
     )
     key_field: str | None = Field("id", description="With --input: the JSON field used as the record key (none: no key).")
     print_records: bool = Field(True, description="Print score and dead-letter records to stdout as JSON lines.")
@@ -226,9 +287,12 @@ class ProduceSettings(KafkaSettings):
 
     model_config = _settings_config()
 
-    topic: str = Field(description="Topic to publish to.")
-    input: str = Field("-", description="JSON-lines file to publish ('-' = stdin); blank lines are skipped.")
+    topic: str = Field(description="Topic to publish to.", json_schema_extra=plain("TOPIC"))
+    input: str = Field(
+        "-", description="JSON-lines file to publish ('-' = stdin); blank lines are skipped.", json_schema_extra=plain("FILE")
+    )
     key_field: str | None = Field(None, description="JSON field whose value becomes the record key (e.g. id).")
+    log_level: LogLevel = Field("WARNING", description=LOG_LEVEL_HELP)
 
 
 class ConsumeSettings(KafkaSettings):
@@ -236,7 +300,7 @@ class ConsumeSettings(KafkaSettings):
 
     model_config = _settings_config()
 
-    topic: str = Field(description="Topic to read.")
+    topic: str = Field(description="Topic to read.", json_schema_extra=plain("TOPIC"))
     max: int | None = Field(None, ge=1, description="Stop after this many records.")
     timeout_s: float | None = Field(
         None, gt=0, description="Stop when no record arrived for this long (s); default: follow forever (or until --max)."
@@ -244,3 +308,4 @@ class ConsumeSettings(KafkaSettings):
     with_metadata: bool = Field(
         False, description="Wrap each value with its topic, partition, offset, timestamp, key and headers."
     )
+    log_level: LogLevel = Field("WARNING", description=LOG_LEVEL_HELP)

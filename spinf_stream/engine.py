@@ -8,7 +8,7 @@ are all the stream calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,11 @@ from .models import Decoder, load_decoder
 from .models.decoder import LayerKV
 from .runner import RunStats, score_passes
 from .packs import Pack, load_pack
-from .records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
+from .config import DEFAULT_TOKEN_BUDGET
+from .records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
 
-DEFAULT_TOKEN_BUDGET = 16_384
+#: dtype names written in records (``fp8`` is named by ``Engine.load``'s caller)
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Engine:
         decoder: the model. tokenizer: its transformers fast tokenizer.
         pack: the validated pack. model_name: the name written in records.
         token_budget: tokens per forward pass (default 16,384).
+        model_sha256: the weights' sha256 written in records (``ResolvedModel.weights_sha256``).
+        dtype_name: the dtype written in records; default: the decoder's (``fp8`` must be named).
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
@@ -63,7 +67,7 @@ class Engine:
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        token_budget: int = DEFAULT_TOKEN_BUDGET, *, model_sha256: str | None = None, dtype_name: str | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -71,6 +75,11 @@ class Engine:
         self.tokenizer = tokenizer
         self.pack = pack
         self.model_name = model_name
+        self.model_sha256 = model_sha256
+        self.device = decoder.device.type
+        self.dtype = dtype_name or DTYPE_NAMES[decoder.dtype]
+        # The Triton kernels run on CUDA, and on CPU tensors (interpreted) when SPINF_KERNELS=triton.
+        self.kernels = decoder.backend.name
         self.token_budget = token_budget
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
         self.questions = self.segmenter.questions
@@ -85,8 +94,11 @@ class Engine:
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
-        ``dtype``: a torch float dtype or ``"fp8"`` (see :func:`spinf_stream.models.build_decoder`);
-        ``kernels``: the back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS``).
+        ``dtype``: a torch dtype or its name (``float32``, ``bfloat16``, ``float16``), or ``fp8``
+        (linear weights in float8 e4m3, the rest bfloat16; see
+        :func:`spinf_stream.models.build_decoder`); ``device``: a torch device (``cpu``, ``cuda``,
+        ``cuda:N``) — check both first with :func:`spinf_stream.device.choose`; ``kernels``: the
+        back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS=triton``).
 
         Raises:
             spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError;
@@ -96,11 +108,26 @@ class Engine:
 
         from .models.weights import resolve
 
+        if isinstance(dtype, str) and dtype != "fp8":
+            by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
+            if dtype not in by_name:
+                raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join([*by_name, 'fp8'])}")
+            dtype = by_name[dtype]
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
         decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        return cls(decoder, tokenizer, pk, resolved.name, token_budget)
+        return cls(
+            decoder, tokenizer, pk, resolved.name, token_budget, model_sha256=resolved.weights_sha256,
+            dtype_name="fp8" if dtype == "fp8" else None,
+        )
+
+    @property
+    def model_info(self) -> ModelRef:
+        """The ``model`` block of every record: name, weights' sha256, device, dtype, kernels."""
+        return ModelRef(
+            name=self.model_name, sha256=self.model_sha256, device=self.device, dtype=self.dtype, kernels=self.kernels
+        )
 
     def _prefill_preamble(self) -> LayerKV | None:
         ids = self.segmenter.preamble_ids
@@ -156,6 +183,24 @@ class Engine:
         )
         return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
 
+    def run_iter(self, prepared: Sequence[PreparedMessage]) -> Iterator[list[ScoreRecord]]:
+        """Like :meth:`run`, but yields as it goes: the records of about one forward pass at a time
+        (consecutive messages whose tokens fit the token budget; a longer message alone), in input
+        order. Scores are those of :meth:`run`: they do not depend on the passes' composition.
+
+        Stop early by closing the iterator: no pass starts after the one in flight.
+        """
+        group: list[PreparedMessage] = []
+        used = 0
+        for p in prepared:
+            if group and used + p.n_tokens > self.token_budget:
+                yield self.run(group)
+                group, used = [], 0
+            group.append(p)
+            used += p.n_tokens
+        if group:
+            yield self.run(group)
+
     def _record(self, p: PreparedMessage, sums: dict[int, list[float]]) -> ScoreRecord:
         scores: dict[str, Any] = {}
         for qi, q in enumerate(self.questions):
@@ -172,7 +217,7 @@ class Engine:
         return ScoreRecord(
             id=p.id,
             pack=PackRef(name=self.pack.name, version=self.pack.version),
-            model=self.model_name,
+            model=self.model_info,
             scores=scores,
             digest=digest(scores),
         )

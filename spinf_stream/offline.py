@@ -1,53 +1,74 @@
 """``spinf-stream score``: score a JSON Lines file offline, one output line per input line.
 
-Input lines are JSON objects with ``id`` and the fields the pack uses. A bad line (undecodable
-bytes, not JSON, not an object, missing/empty/non-string field) gets an error record in its place
-and the rest are still scored; the exit code is 0 unless ``--strict``.
+Each input line goes through :func:`spinf_stream.messages.decode`, the decoder the service uses
+for record values, so both accept and reject the same bytes. A bad line (undecodable bytes, not
+JSON, not an object, a missing/empty/non-string field the pack uses) gets an error record in its
+place and the rest are still scored. Records are written and flushed as each forward pass
+finishes, in input order.
+
+Exit codes: 0; 1 when no line could be scored (``--strict``: when any line could not); 2 for a
+usage mistake (found before the model loads); 130 after Ctrl-C (the records of every finished
+pass are kept).
 """
 
 from __future__ import annotations
 
+import logging
+import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO, Literal
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import Field
+from pydantic_settings import BaseSettings
 
-from .engine import DEFAULT_TOKEN_BUDGET, Engine, Message
-from .records import ErrorInfo, ErrorRecord, ScoreRecord
+from .config import (
+    DEFAULT_MODEL,
+    DEFAULT_TOKEN_BUDGET,
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    DTYPE_HELP,
+    LOG_LEVEL_HELP,
+    DType,
+    LogLevel,
+    plain,
+    settings_config,
+)
+from .messages import Decoded, InputFormat, Rejection, decode
+from .records import ErrorInfo, ErrorRecord
 
-#: Messages handed to the engine at a time: bounds memory and paces the progress bar.
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("spinf_stream.score")
+
+#: Lines read and tokenized at a time (bounds memory; the engine then runs them pass by pass).
 CHUNK_MESSAGES = 256
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
-def parse_line(raw: bytes, line_no: int) -> Message | ErrorRecord:
-    """One input line → a :class:`Message`, or the :class:`ErrorRecord` that takes its place.
+def parse_line(
+    raw: bytes, line_no: int, *, source: str = "-", input_format: InputFormat = "json", text_field: str = "text"
+) -> Decoded | ErrorRecord:
+    """One input line (without its line ending) → its fields and id, or the :class:`ErrorRecord`
+    that takes its place.
 
-    Error kinds: ``invalid_utf8``, ``invalid_json``, ``not_an_object``, ``missing_field`` /
-    ``wrong_type`` / ``empty_field`` (for ``id``; the pack's fields are checked by the engine).
+    A line without an id is named ``<source>:<line_no>`` (``stdin:<line_no>`` for ``-``), as the
+    service names a record without one ``<topic>:<partition>:<offset>``. Error kinds: those of
+    :func:`spinf_stream.messages.decode`; the pack's fields are checked by the engine.
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return ErrorRecord(error=ErrorInfo(kind="invalid_utf8", message=f"line {line_no}: not UTF-8 ({e.reason} at byte {e.start})"))
-    try:
-        obj = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        return ErrorRecord(error=ErrorInfo(kind="invalid_json", message=f"line {line_no}: not JSON ({e})"))
-    if not isinstance(obj, dict):
-        return ErrorRecord(error=ErrorInfo(kind="not_an_object", message=f"line {line_no}: a JSON {type(obj).__name__}, not an object"))
-    mid = obj.get("id")
-    if mid is None:
-        return ErrorRecord(error=ErrorInfo(kind="missing_field", message=f"line {line_no}: field 'id' is missing"))
-    if isinstance(mid, bool) or not isinstance(mid, (str, int)):
-        return ErrorRecord(error=ErrorInfo(kind="wrong_type", message=f"line {line_no}: field 'id' must be a string or an integer"))
-    mid = str(mid)
-    if not mid.strip():
-        return ErrorRecord(error=ErrorInfo(kind="empty_field", message=f"line {line_no}: field 'id' is empty"))
-    return Message(id=mid, fields=obj)
+    got = decode(raw, input_format=input_format, text_field=text_field)
+    if isinstance(got, Rejection):
+        return ErrorRecord(id=got.id, error=ErrorInfo(kind=got.kind, message=f"line {line_no}: {got.message}"))
+    if got.id is None:
+        return Decoded(got.fields, f"{'stdin' if source == '-' else source}:{line_no}")
+    return got
 
 
 def _lines(stream: BinaryIO) -> Iterator[bytes]:
@@ -74,76 +95,250 @@ def _open_out(path: str) -> Iterator[IO[bytes]]:
             yield f
 
 
-def score_file(engine: Engine, input_path: str, output_path: str, *, progress: bool = True) -> tuple[int, int]:
-    """Score ``input_path`` into ``output_path`` (``-`` = stdin/stdout).
+@dataclass
+class ScoreSummary:
+    """What :func:`score_file` did: lines read, records written, errors by kind, time taken."""
 
-    Returns:
-        ``(lines, errors)`` counts.
+    lines: int = 0
+    written: int = 0
+    scored: int = 0
+    questions: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    first_error: dict[str, str] = field(default_factory=dict)  # kind -> its first message
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    def line(self, output: str) -> str:
+        """The summary line printed at the end."""
+        rate = ""
+        if self.seconds > 0 and self.scored:
+            rate = f", {self.scored / self.seconds:.1f} messages/s, {self.questions / self.seconds:.1f} questions/s"
+        where = "stdout" if output == "-" else output
+        n_err = sum(self.errors.values())
+        head = f"interrupted after {self.written} of {self.lines} lines read: " if self.interrupted else ""
+        return (
+            f"{head}scored {self.scored} of {self.written} lines ({n_err} errors) in {self.seconds:.1f} s{rate}"
+            f" -> {where}"
+        )
+
+    def failure(self) -> str:
+        """Why no line could be scored: the commonest error kind and its first message."""
+        if not self.errors:
+            return "the input holds no line"
+        kind, n = self.errors.most_common(1)[0]
+        return f"{n} x {kind} ({self.first_error[kind]})"
+
+
+def score_file(
+    engine: Engine | Any,
+    input_path: str,
+    output_path: str,
+    *,
+    progress: bool = False,
+    input_format: InputFormat = "json",
+    text_field: str = "text",
+    stop: Callable[[], bool] = lambda: False,
+) -> ScoreSummary:
+    """Score ``input_path`` into ``output_path`` (``-`` = stdin/stdout), one line per line.
+
+    Records are written and flushed after each forward pass (``engine.run_iter``), in input
+    order. ``stop()`` is asked after each pass: once true, no further pass starts and the records
+    written so far are all that is written. ``progress``: a bar on stderr (per message, with
+    messages/s, questions/s and the ETA).
+
     Raises:
         OSError: the input cannot be read or the output written.
     """
     from tqdm import tqdm
 
     total = None
-    if input_path != "-" and progress:
+    if progress and input_path != "-":
         with open(input_path, "rb") as f:
             total = sum(1 for _ in f)
-    n = errors = 0
-    with _open_in(input_path) as fin, _open_out(output_path) as fout:
-        bar = tqdm(total=total, unit="msg", disable=not progress or input_path == "-", file=sys.stderr)
-        chunk: list[Message | ErrorRecord] = []
+    summary = ScoreSummary()
+    start = time.perf_counter()
+    bar = tqdm(total=total, unit="msg", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    source = Path(input_path).name if input_path != "-" else "-"
+    try:
+        with _open_in(input_path) as fin, _open_out(output_path) as fout:
 
-        def flush() -> None:
-            nonlocal errors
-            msgs = [c for c in chunk if isinstance(c, Message)]
-            done = iter(engine.score(msgs))
-            for c in chunk:
-                rec: ScoreRecord | ErrorRecord = next(done) if isinstance(c, Message) else c
+            def write(rec: Any) -> None:
                 if isinstance(rec, ErrorRecord):
-                    errors += 1
+                    summary.errors[rec.error.kind] += 1
+                    summary.first_error.setdefault(rec.error.kind, rec.error.message)
                     fout.write(orjson.dumps(rec.model_dump(exclude_none=True)) + b"\n")
                 else:
-                    fout.write(orjson.dumps(rec.model_dump()) + b"\n")
-            fout.flush()
-            bar.update(len(chunk))
-            chunk.clear()
+                    summary.scored += 1
+                    summary.questions += len(rec.scores)
+                    fout.write(orjson.dumps(rec.model_dump(mode="json")) + b"\n")
+                summary.written += 1
 
-        for raw in _lines(fin):
-            n += 1
-            chunk.append(parse_line(raw, n))
-            if len(chunk) >= CHUNK_MESSAGES:
-                flush()
-        if chunk:
-            flush()
+            def after_pass() -> bool:
+                fout.flush()
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix_str(f"{summary.questions / elapsed:.1f} q/s", refresh=False)
+                bar.update(summary.written - bar.n)
+                return stop()
+
+            for chunk in _chunks(_lines(fin), CHUNK_MESSAGES):
+                if stop():
+                    summary.interrupted = True
+                    break
+                first = summary.lines + 1
+                summary.lines += len(chunk)
+                parsed = [
+                    parse_line(raw, first + k, source=source, input_format=input_format, text_field=text_field)
+                    for k, raw in enumerate(chunk)
+                ]
+                if _score_chunk(engine, parsed, write, after_pass):
+                    summary.interrupted = True
+                    break
+                after_pass()
+    except KeyboardInterrupt:  # a second Ctrl-C: what was flushed stays
+        summary.interrupted = True
+    finally:
         bar.close()
-    return n, errors
+        summary.seconds = time.perf_counter() - start
+    return summary
 
 
-class ScoreCommand(BaseModel):
-    """Score a JSON Lines file offline against a pack; one output line per input line."""
+def _score_chunk(
+    engine: Any, parsed: list[Decoded | ErrorRecord], write: Callable[[Any], None], after_pass: Callable[[], bool]
+) -> bool:
+    """Score one chunk of parsed lines: each line's record is written in input order as soon as it
+    exists (error records at once, score records as their pass finishes). ``after_pass()`` runs
+    after each pass; when it returns true no further pass starts. Returns whether it stopped."""
+    from .engine import Message
 
-    pack: str = Field(description="pack file (packs/spam.yaml) or name of a shipped pack (spam)")
-    input: str = Field(description="input JSON Lines file; '-' = stdin")
-    output: str = Field(description="output JSON Lines file; '-' = stdout")
-    model: str = Field(
-        default="qwen2.5-coder-0.5b",
-        description="model: gemma-3-270m, smollm2-135m, qwen2.5-coder-0.5b, a Hugging Face directory or a .gguf file",
+    todo = [Message(id=p.id, fields=p.fields) for p in parsed if isinstance(p, Decoded)]
+    prepared = iter(engine.prepare(todo))
+    pending = deque(next(prepared) if isinstance(p, Decoded) else p for p in parsed)
+    ready = [p for p in pending if not isinstance(p, ErrorRecord)]
+
+    def write_errors() -> None:  # the error records up to the next line that waits for a score
+        while pending and isinstance(pending[0], ErrorRecord):
+            write(pending.popleft())
+
+    write_errors()
+    passes = engine.run_iter(ready)
+    try:
+        for records in passes:
+            for rec in records:
+                pending.popleft()
+                write(rec)
+                write_errors()
+            if after_pass():
+                return True
+    finally:
+        close = getattr(passes, "close", None)
+        if close is not None:
+            close()  # no pass starts after the one that finished
+    return False
+
+
+def _chunks(lines: Iterator[bytes], n: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _StopAfterPass:
+    """SIGINT handler for the main thread: the first Ctrl-C asks to stop after the current forward
+    pass (one notice line), a second one stops at once (``KeyboardInterrupt``)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("spinf-stream score: Ctrl-C: stopping after the current forward pass (again: at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _StopAfterPass:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: Ctrl-C raises KeyboardInterrupt as usual
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class ScoreCommand(BaseSettings):
+    """Score a JSON Lines file offline against a pack; one output line per input line, written as
+    each forward pass finishes. Exit codes: 0; 1 no line could be scored (--strict: any line);
+    2 usage mistake; 130 interrupted (finished records kept)."""
+
+    model_config = settings_config()
+
+    pack: str = Field(
+        description="Prompt pack: a pack file (packs/spam.yaml) or the name of a shipped pack (spam).",
+        json_schema_extra=plain("NAME|FILE"),
     )
-    token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=1, description="tokens per forward pass")
-    device: str = Field(default="cpu", description="torch device: cpu or cuda (cuda runs the Triton kernels)")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="weights and activations dtype")
-    strict: bool = Field(default=False, description="exit 1 if any line could not be scored")
-    progress: bool = Field(default=True, description="progress bar on stderr (files only)")
+    input: str = Field(description="Input JSON Lines file; '-' = stdin.", json_schema_extra=plain("FILE"))
+    output: str = Field(
+        description="Output JSON Lines file (replaced); '-' = stdout. Its directory is created if missing.",
+        json_schema_extra=plain("FILE"),
+    )
+    model: str = Field(
+        default=DEFAULT_MODEL,
+        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
+        json_schema_extra=plain("NAME|PATH"),
+    )
+    token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
+    dtype: DType = Field("auto", description=DTYPE_HELP)
+    input_format: InputFormat = Field(
+        "json",
+        description="json: each line is a JSON object with the pack's fields (and an optional id); text: each line is the text of the pack's one field.",
+    )
+    strict: bool = Field(default=False, description="Exit 1 if any line could not be scored (else only if none could).")
+    progress: bool = Field(default=True, description="Progress bar on stderr when it is a terminal.")
+    log_level: LogLevel = Field("INFO", description=LOG_LEVEL_HELP)
 
     def cli_cmd(self) -> None:
-        import torch
+        from . import preflight
+        from .device import choose
+
+        logging.getLogger("spinf_stream").setLevel(self.log_level)
+        # Everything that can be checked in a second, before the model loads; the model reference
+        # last of the cheap ones (checking it imports torch).
+        pack = preflight.check_pack(self.pack, self.input_format)
+        text_field = pack.fields[0]
+        preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
+        preflight.check_output_file(self.output, "--output", "SPINF_OUTPUT", input_path=self.input)
+        preflight.check_model_reference(self.model)
+        placement = choose(self.device, self.dtype)
+
+        from .engine import Engine
 
         engine = Engine.load(
-            self.model, self.pack, token_budget=self.token_budget, dtype=getattr(torch, self.dtype), device=self.device
+            self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device
         )
-        if self.output != "-":
-            Path(self.output).parent.mkdir(parents=True, exist_ok=True)
-        n, errors = score_file(engine, self.input, self.output, progress=self.progress)
-        print(f"scored {n - errors} of {n} lines ({errors} errors)", file=sys.stderr)
-        if self.strict and errors:
-            raise SystemExit(1)
+        info = engine.model_info
+        log.info("model %s (sha256 %s) on %s in %s, kernels %s", info.name, info.sha256, placement.device, info.dtype, info.kernels)
+        with _StopAfterPass() as stop:
+            summary = score_file(
+                engine, self.input, self.output, progress=self.progress and sys.stderr.isatty(),
+                input_format=self.input_format, text_field=text_field, stop=stop,
+            )
+        print(f"spinf-stream score: {summary.line(self.output)}", file=sys.stderr, flush=True)
+        if summary.interrupted:
+            raise SystemExit(EXIT_INTERRUPTED)
+        if summary.lines and not summary.scored:
+            print(f"spinf-stream score: error: no line could be scored: {summary.failure()}", file=sys.stderr)
+            raise SystemExit(EXIT_FAILED)
+        if self.strict and summary.errors:
+            raise SystemExit(EXIT_FAILED)

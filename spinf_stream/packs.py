@@ -7,7 +7,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     version: 1.0.0
     description: one line
     preamble: "..."                             # optional; literal text, identical for every message
-    prompt: "Text message: {text}\\n"            # content part; {field} = a field of the input message
+    prompt: "Text message: {text}\\n"            # content part; {field} = a field of the input message (any name, one or more)
     question: "Question: {question}\\nAnswer:"   # branch part; {question} = the question's text
     choices: [yes, no]                          # default choice labels
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
@@ -262,8 +262,9 @@ class Pack(BaseModel):
     @field_validator("prompt")
     @classmethod
     def _prompt_ok(cls, v: str) -> str:
-        if "text" not in _placeholders(v):
-            raise ValueError("must contain the {text} placeholder (the message's text)")
+        # Any field names: a message must carry each one the prompt uses (the engine checks).
+        if not _placeholders(v):
+            raise ValueError("must use at least one {field} of the input message, e.g. {text} or {title}")
         return v
 
     @field_validator("question")
@@ -315,7 +316,7 @@ class Pack(BaseModel):
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """Message fields the prompt uses, in order of first appearance (``"text"`` included)."""
+        """Message fields the prompt uses, in order of first appearance (at least one)."""
         return tuple(dict.fromkeys(f for _, f in self._prompt_t if f is not None))
 
     def render_prompt(self, fields: Mapping[str, str]) -> str:

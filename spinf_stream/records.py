@@ -7,7 +7,7 @@ these models (``python -m spinf_stream.schemas`` rewrites them; a test keeps the
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,25 @@ class PackRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     version: str
+
+
+class ModelRef(BaseModel):
+    """Which model produced a record, and how it ran.
+
+    A score from the CPU in float32 and one from a GPU in bfloat16 agree to a few decimals, not in
+    their bits: ``device`` and ``dtype`` (with ``kernels``) say which one a digest belongs to.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="The --model reference: a short name (e.g. qwen2.5-coder-0.5b) or the path given.")
+    sha256: str | None = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the weights' source bytes (the GGUF file, or a directory's config.json and "
+        "*.safetensors in name order); null when the engine was built from tensors in memory.",
+    )
+    device: Literal["cpu", "cuda"]
+    dtype: Literal["float32", "bfloat16", "float16", "fp8"] = Field(description="Weights and activations.")
+    kernels: Literal["torch", "triton"] = Field(description="torch ops, or the project's Triton kernels.")
 
 
 class ChoiceScore(BaseModel):
@@ -50,7 +69,7 @@ class ScoreRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
     pack: PackRef
-    model: str
+    model: ModelRef
     scores: dict[str, QuestionScore]
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the canonical score bytes, see records.digest")
 

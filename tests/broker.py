@@ -33,7 +33,7 @@ import orjson
 import pytest
 
 from spinf_stream.config import RunSettings
-from spinf_stream.records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
+from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
 from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import read_topics
 from spinf_stream.stream.produce import produce_values
@@ -95,6 +95,9 @@ def run_settings(t: Topics, **overrides: Any) -> RunSettings:
         "shutdown_timeout_s": 60,
         # no HTTP endpoint unless a test asks for one: tests and scorer processes run side by side
         "metrics_port": 0,
+        # the in-process engines the records are compared with run on the CPU in float32
+        "device": "cpu",
+        "dtype": "float32",
     }
     values.update(overrides)
     return RunSettings.model_validate(values)
@@ -296,8 +299,12 @@ class FakeScorer:
     max_chars: int = 4000
     crash_text: str = "__crash_the_engine__"
     model_name: str = "fake-model"
-    pack: Any = field(default_factory=lambda: SimpleNamespace(name="spam", version="1.0.0"))
+    pack: Any = field(default_factory=lambda: SimpleNamespace(name="spam", version="1.0.0", fields=("text",)))
     batches: list[int] = field(default_factory=list)
+
+    @property
+    def model_info(self) -> ModelRef:
+        return ModelRef(name=self.model_name, sha256=None, device="cpu", dtype="float32", kernels="torch")
 
     def prepare(self, messages: Sequence[Any]) -> list[Any]:
         out: list[Any] = []
@@ -339,7 +346,7 @@ def fake_record(message_id: str, text: str, scorer: FakeScorer) -> ScoreRecord:
     return ScoreRecord(
         id=message_id,
         pack=PackRef(name=scorer.pack.name, version=scorer.pack.version),
-        model=scorer.model_name,
+        model=scorer.model_info,
         scores=scores,
         digest=digest(scores),
     )

@@ -1,5 +1,5 @@
 """``spinf-stream score``: one output line per input line, in order; bad lines get an error
-record in their place; exit code 0 unless --strict."""
+record in their place; exit code 0 unless --strict (or no line could be scored)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import sys
 
 import orjson
 import pytest
-from conftest import REPO, dataset
+from conftest import REPO
 
 from spinf_stream.engine import Engine, Message
+from spinf_stream.messages import Decoded
 from spinf_stream.offline import parse_line
 from spinf_stream.packs import load_pack
 
@@ -18,18 +19,20 @@ BAD_LINES = [
     (b"\xff\xfe not utf-8", "invalid_utf8"),
     (b"not json", "invalid_json"),
     (b"[1, 2]", "not_an_object"),
-    (b'{"text": "no id"}', "missing_field"),
+    (b'{"id": "z", "body": "no text"}', "missing_field"),
     (b'{"id": "a", "text": ""}', "empty_field"),
     (b'{"id": "b", "text": "   "}', "empty_field"),
     (b'{"id": "c", "text": 42}', "wrong_type"),
     (b'{"id": "d"}', "missing_field"),
     (b'{"id": ["e"], "text": "x"}', "wrong_type"),
-    (b"", "invalid_json"),
+    (b"", "empty_value"),
 ]
 
 
 def _run(args, **kw):
-    return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", *args], cwd=REPO, capture_output=True, **kw)
+    # on the CPU in float32, like the in-process engines the records are compared with
+    cpu = ["--device", "cpu", "--dtype", "float32"]
+    return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", *args, *cpu], cwd=REPO, capture_output=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def model_dir(tiny_models):
 
 
 def test_bad_lines_get_error_records_in_place_and_the_rest_are_scored(model_dir, loaded, tmp_path):
-    good = dataset("sms_spam", 5)
+    good = [orjson.loads(line) for line in (REPO / "examples" / "messages.jsonl").read_bytes().splitlines()[:5]]
     lines = []
     for i, (bad, _) in enumerate(BAD_LINES):
         lines.append(orjson.dumps(good[i % 5] | {"id": f"good-{i}"}))
@@ -93,12 +96,15 @@ def test_missing_model_package_names_the_pip_command(tmp_path):
 @pytest.mark.parametrize(("raw", "kind"), BAD_LINES)
 def test_parse_line_kinds(raw, kind):
     got = parse_line(raw, 7)
-    if kind in ("empty_field", "wrong_type") and b'"text"' in raw and b'"id": "' in raw:
-        assert isinstance(got, Message)  # the pack's fields are checked by the engine
-    elif kind == "missing_field" and raw == b'{"id": "d"}':
-        assert isinstance(got, Message)
+    if b'"id": "' in raw:
+        assert isinstance(got, Decoded)  # the pack's fields are checked by the engine
     else:
-        assert got.error.kind == kind
+        assert got.error.kind == kind and got.error.message.startswith("line 7: ")
+
+
+def test_a_line_without_an_id_is_named_by_its_file_and_line_number():
+    assert parse_line(b'{"text": "hi"}', 12, source="dev.jsonl") == Decoded({"text": "hi"}, "dev.jsonl:12")
+    assert parse_line(b'{"id": null, "text": "hi"}', 3).id == "stdin:3"
 
 
 def test_message_with_braces_is_scored_literally(tiny_models, loaded):
@@ -110,3 +116,19 @@ def test_message_with_braces_is_scored_literally(tiny_models, loaded):
     seg = engine.segmenter.prepare(0, "a", {"text": "pay {amount} now {{x}} {text}"})
     head = tok.decode(list(engine.segmenter.preamble_ids) + list(seg.content))
     assert "pay {amount} now {{x}} {text}" in head
+
+
+def test_run_iter_yields_the_records_of_run_about_one_pass_at_a_time(tiny_models, loaded):
+    decoder, tok = loaded(tiny_models("llama"))
+    engine = Engine(decoder, tok, load_pack("spam"), "tiny", token_budget=300)
+    rows = [orjson.loads(line) for line in (REPO / "examples" / "messages.jsonl").read_bytes().splitlines()]
+    prepared = engine.prepare([Message(r["id"], r) for r in rows])
+    groups = list(engine.run_iter(prepared))
+    assert len(groups) > 1 and all(groups)
+    first = 0
+    for g in groups:  # each group fits the budget, or is one message alone
+        assert len(g) == 1 or sum(p.n_tokens for p in prepared[first : first + len(g)]) <= 300
+        first += len(g)
+    flat = [r for g in groups for r in g]
+    assert [r.id for r in flat] == [r["id"] for r in rows]
+    assert [r.digest for r in flat] == [r.digest for r in engine.run(prepared)]

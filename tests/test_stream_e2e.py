@@ -368,7 +368,7 @@ class SlowEngine:
 
     def __init__(self, engine: Any, delay_s: float) -> None:
         self._engine, self.delay_s = engine, delay_s
-        self.model_name, self.pack = engine.model_name, engine.pack
+        self.model_info, self.pack = engine.model_info, engine.pack
 
     def prepare(self, messages: Any) -> Any:
         return self._engine.prepare(messages)

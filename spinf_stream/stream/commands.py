@@ -43,8 +43,14 @@ class ProduceCommand(ProduceSettings):
     """Publish a JSON-lines file (or stdin) to a topic, one record per line."""
 
     def cli_cmd(self) -> None:
+        from spinf_stream.preflight import check_input_file
+        from spinf_stream.stream.app import configure_logging
+        from spinf_stream.stream.preflight import check_topic, run_check
         from spinf_stream.stream.produce import lines_of, produce_lines
 
+        configure_logging(self.log_level)
+        check_input_file(self.input, "--input", "SPINF_INPUT")
+        run_check(check_topic(self, self.topic))
         if self.input == "-":
             lines = lines_of(sys.stdin.buffer)
         else:
@@ -58,7 +64,12 @@ class ConsumeCommand(ConsumeSettings):
     """Print a topic's records (from the beginning) to stdout as JSON lines."""
 
     def cli_cmd(self) -> None:
+        from spinf_stream.stream.app import configure_logging
         from spinf_stream.stream.consume import format_record, read_topics
+        from spinf_stream.stream.preflight import check_topic, run_check
+
+        configure_logging(self.log_level)
+        run_check(check_topic(self, self.topic))
 
         async def main() -> int:
             n = 0

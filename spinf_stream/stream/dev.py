@@ -16,16 +16,18 @@ from typing import Any
 import orjson
 
 from spinf_stream.config import DevSettings, RunSettings, ScoringSettings
+from spinf_stream.errors import UsageError
 from spinf_stream.stream.app import (
     EXIT_CONFIG,
     EXIT_OK,
     OperationsError,
+    check_scoring,
     configure_logging,
     load_engine_timed,
     operations,
     serve,
 )
-from spinf_stream.stream.broker import BrokerError, EmbeddedBroker
+from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import format_record, read_topics
 from spinf_stream.stream.produce import lines_of, produce_lines
 from spinf_stream.stream.service import ScoringService
@@ -103,25 +105,27 @@ async def run_dev_async(
 
 
 def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
-    """``spinf-stream dev``; returns the exit code."""
+    """``spinf-stream dev``; returns the exit code.
+
+    Raises:
+        UsageError, BrokerError (and the pack's and model's errors): a mistake found before the
+            weights load (``--until-done`` without ``--input``, an unreadable input, a busy port).
+    """
+    from spinf_stream.preflight import check_input_file
+
     configure_logging(settings.log_level, settings.log_format)
     if settings.until_done and settings.input is None:
-        log.error("--until-done needs --input")
-        return EXIT_CONFIG
-    try:
-        broker = EmbeddedBroker(settings.port).start()
-    except BrokerError as exc:
-        log.error("%s", exc)
-        return EXIT_CONFIG
+        raise UsageError("--until-done (SPINF_UNTIL_DONE) needs --input (SPINF_INPUT): the file whose messages to wait for")
+    if settings.input is not None:
+        check_input_file(settings.input, "--input", "SPINF_INPUT")
+    if scorer is None:
+        check_scoring(settings)
+    broker = EmbeddedBroker(settings.port).start()
     try:
         print(f"embedded Kafka broker (Tansu) on {broker.bootstrap_servers}", file=sys.stderr, flush=True)
         with operations(settings, endpoint_required=False) as telemetry:
             if scorer is None:
-                try:
-                    scorer = load_engine_timed(settings, telemetry)
-                except Exception as exc:
-                    log.error("cannot load the engine: %s: %s", type(exc).__name__, exc)
-                    return EXIT_CONFIG
+                scorer = load_engine_timed(settings, telemetry)
             code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry))
             return EXIT_OK if code is None else code
     except OperationsError as exc:

@@ -8,6 +8,7 @@ from typing import Literal
 
 import orjson
 
+from spinf_stream.records import ModelRef
 from spinf_stream.stream.records import DeadLetterError, DeadLetterRecord, Header, Source
 
 #: A dead-letter record keeps at most this many bytes of the original value, so that the record
@@ -33,7 +34,7 @@ def dead_letter(
     message_id: str | None = None,
     policy: Literal["truncate", "reject"] | None = None,
     pack: tuple[str, str] | None = None,
-    model: str | None = None,
+    model: ModelRef | None = None,
     max_value_bytes: int = MAX_DLQ_VALUE_BYTES,
 ) -> DeadLetterRecord:
     """The dead-letter record of one input record: the original bytes, their source, and why."""
@@ -64,14 +65,17 @@ def output_headers(
     *,
     pack_name: str,
     pack_version: str,
-    model: str,
+    model: ModelRef,
     error_kind: str | None = None,
 ) -> list[tuple[str, bytes]]:
-    """Headers of a written record: ``spinf-pack`` (``name@version``), ``spinf-model``,
-    ``spinf-error-kind`` (dead letters only), then ``traceparent``/``tracestate`` from the input."""
+    """Headers of a written record: ``spinf-pack`` (``name@version``), ``spinf-model`` (its name),
+    ``spinf-device`` (``cpu``/``cuda``), ``spinf-dtype``, ``spinf-error-kind`` (dead letters only),
+    then ``traceparent``/``tracestate`` from the input."""
     out = [
         ("spinf-pack", f"{pack_name}@{pack_version}".encode()),
-        ("spinf-model", model.encode()),
+        ("spinf-model", model.name.encode()),
+        ("spinf-device", model.device.encode()),
+        ("spinf-dtype", model.dtype.encode()),
     ]
     if error_kind is not None:
         out.append(("spinf-error-kind", error_kind.encode()))

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spinf_stream.records import ErrorInfo, ScoreRecord
+from spinf_stream.records import ErrorInfo, ModelRef, ScoreRecord
 
 
 class Source(BaseModel):
@@ -89,7 +89,7 @@ class DeadLetterRecord(BaseModel):
     key_b64: str | None = Field(description="The input record's key, base64; null when it had none.")
     headers: list[Header] = Field(default_factory=list)
     pack: dict[str, str] | None = Field(None, description="The pack this scorer runs: {name, version}.")
-    model: str | None = Field(None, description="The model this scorer runs.")
+    model: ModelRef | None = Field(None, description="The model this scorer runs, and how (device, dtype, kernels).")
 
 
 SCHEMA_FILES: dict[str, type[BaseModel]] = {

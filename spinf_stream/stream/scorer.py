@@ -1,6 +1,6 @@
 """The stream's one narrow interface to the engine, and the policies it applies around it.
 
-The service needs an object with ``prepare``/``run``/``model_name``/``pack`` (:class:`Scorer`);
+The service needs an object with ``prepare``/``run``/``model_info``/``pack`` (:class:`Scorer`);
 :class:`spinf_stream.engine.Engine` is one, tests may pass another. This module never touches
 tensors: it calls the two methods, reads ``n_tokens`` and tells records apart from errors.
 
@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from spinf_stream.records import ErrorInfo, ErrorRecord
-from spinf_stream.stream.codec import TEXT_FIELD
+from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef
 from spinf_stream.stream.records import Truncation
 from spinf_stream.telemetry import EngineWork
 
@@ -35,11 +34,12 @@ class Scorer(Protocol):
     ``prepare(messages)`` tokenizes (cheap, thread-safe) and returns, per message, a prepared item
     with ``n_tokens`` (tokens it adds to a forward pass) or an ``ErrorRecord``.
     ``run(prepared)`` runs the forward passes (blocking) and returns, in order, a ``ScoreRecord``
-    or an ``ErrorRecord`` per item.
+    or an ``ErrorRecord`` per item. ``model_info`` is the ``model`` block of its records (name,
+    weights' sha256, device, dtype, kernels); ``pack`` has ``name``, ``version`` and ``fields``.
     """
 
-    model_name: str
-    pack: Any  # has .name and .version
+    model_info: ModelRef
+    pack: Any  # has .name, .version and .fields
 
     def prepare(self, messages: Sequence[Any]) -> list[Any]: ...
 
@@ -80,8 +80,9 @@ def prepare_messages(
 ) -> list[Prepared]:
     """``scorer.prepare`` with the over-long policy applied. Blocking (tokenization).
 
-    With ``truncate``, a message the engine rejects as ``too_long`` is retried with its ``text``
-    field cut to the longest prefix (in characters, found by bisection) that the engine accepts.
+    With ``truncate``, a message the engine rejects as ``too_long`` is retried with its longest
+    field among those the pack uses cut to the longest prefix (in characters, found by bisection)
+    that the engine accepts.
     """
     items = scorer.prepare([make_message(i, f) for i, f in messages])
     if len(items) != len(messages):
@@ -89,21 +90,27 @@ def prepare_messages(
     out = [Prepared(item) for item in items]
     if too_long != "truncate":
         return out
+    pack_fields = tuple(scorer.pack.fields)
     for k, (p, (message_id, fields)) in enumerate(zip(out, messages)):
         if is_error(p.item) and p.item.error.kind == "too_long":
-            out[k] = _truncate_to_fit(scorer, make_message, message_id, fields, p)
+            out[k] = _truncate_to_fit(scorer, make_message, message_id, fields, pack_fields, p)
     return out
 
 
 def _truncate_to_fit(
-    scorer: Scorer, make_message: MessageFactory, message_id: str, fields: dict[str, Any], rejected: Prepared
+    scorer: Scorer, make_message: MessageFactory, message_id: str, fields: dict[str, Any],
+    pack_fields: Sequence[str], rejected: Prepared,
 ) -> Prepared:
-    text = fields.get(TEXT_FIELD)
-    if not isinstance(text, str) or len(text) < 2:
+    texts = [(len(fields[f]), f) for f in pack_fields if isinstance(fields.get(f), str)]
+    if not texts:
+        return rejected
+    length, name = max(texts)  # the longest field: the body, not the title
+    text = fields[name]
+    if length < 2:
         return rejected
 
     def attempt(n_chars: int) -> Any:
-        return scorer.prepare([make_message(message_id, {**fields, TEXT_FIELD: text[:n_chars]})])[0]
+        return scorer.prepare([make_message(message_id, {**fields, name: text[:n_chars]})])[0]
 
     best: tuple[int, Any] | None = None
     lo, hi = 1, len(text) - 1
@@ -118,7 +125,7 @@ def _truncate_to_fit(
     if best is None:
         return rejected
     kept, item = best
-    return Prepared(item, Truncation(field=TEXT_FIELD, original_chars=len(text), kept_chars=kept))
+    return Prepared(item, Truncation(field=name, original_chars=len(text), kept_chars=kept))
 
 
 def run_isolating(scorer: Scorer, prepared: Sequence[Any]) -> list[Any]:

@@ -36,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from spinf_stream.config import RunSettings
+from spinf_stream.messages import text_field
 from spinf_stream.stream.batcher import Batcher
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
@@ -162,7 +163,11 @@ class ScoringService:
             settle_timeout_s if settle_timeout_s is not None else min(30.0, settings.max_poll_interval_ms / 4000)
         )
         self._pack = (str(scorer.pack.name), str(scorer.pack.version))
-        self._model = str(scorer.model_name)
+        self._model = scorer.model_info
+        # --input-format text: each value is the text of the pack's one field (checked here too)
+        self._text_field = (
+            text_field(tuple(scorer.pack.fields), self._pack[0]) if settings.input_format == "text" else "text"
+        )
         self._parts: dict[TopicPartition, _Partition] = {}
         self._batcher: Batcher[tuple[_Slot, Any]] = Batcher(
             settings.token_budget, settings.max_batch_messages, settings.window_ms / 1000
@@ -229,8 +234,9 @@ class ScoringService:
             await self._consumer.start()
             self.telemetry.health.consumer_started()
             log.info(
-                "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s",
-                ",".join(s.input_topic), s.output_topic, s.dlq_topic, s.group_id, *self._pack, self._model,
+                "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s on %s (%s)",
+                ",".join(s.input_topic), s.output_topic, s.dlq_topic, s.group_id, *self._pack, self._model.name,
+                self._model.device, self._model.dtype,
             )
             tasks = [
                 asyncio.create_task(self._guard(self._engine_loop()), name="spinf-engine"),
@@ -362,7 +368,7 @@ class ScoringService:
                 if decoded is None:
                     decoded = decode_value(
                         rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
-                        input_format=s.input_format,
+                        input_format=s.input_format, text_field=self._text_field,
                     )
                 if isinstance(decoded, Rejection):
                     self._dead_letter(slot, decoded.kind, decoded.message, message_id=decoded.id)

@@ -1,0 +1,118 @@
+"""Input bytes → a message's fields, or the reason they cannot be one.
+
+The one decoder of both input paths: ``spinf-stream score`` hands it each line of a file (without
+its line ending), the service each Kafka record value. Both therefore accept and reject exactly
+the same bytes, with the same error kinds; they differ only in the default id they give a message
+without one (``<file>:<line>`` offline, ``<topic>:<partition>:<offset>`` in the stream).
+
+Two input formats:
+
+- ``json``: UTF-8 JSON (RFC 8259, parsed by orjson: no ``NaN``/``Infinity``, no lone surrogates,
+  nesting up to 1024 levels, a repeated key keeps its last value) whose top level is an object.
+  Its members are the message's fields (the engine picks and checks the pack's). ``id`` is
+  optional: a non-empty string or an integer (written as its decimal string); absent or ``null``
+  means "no id".
+- ``text``: the UTF-8 bytes are the text of one field (``text_field``, the pack's only field).
+
+In both formats one leading UTF-8 byte order mark (``EF BB BF``) is dropped: Windows tools write
+one at the start of a file, and it is never part of the content.
+
+Rejection kinds: ``null_value`` (a Kafka tombstone), ``empty_value`` (zero bytes, e.g. a blank
+line), ``invalid_utf8``, ``invalid_json``, ``not_an_object``, ``wrong_type`` / ``empty_field``
+(``id``). Messages say where and what, never quote the content (it may be private).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .errors import UsageError
+
+__all__ = ["BOM", "Decoded", "InputFormat", "Rejection", "decode", "json_type_name", "text_field"]
+
+BOM = b"\xef\xbb\xbf"
+InputFormat = Literal["json", "text"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A message's fields (raw JSON values) and its id, ``None`` when the input gave none."""
+
+    fields: dict[str, Any]
+    id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why the bytes are no message: a machine-readable ``kind`` and a message without content."""
+
+    kind: str
+    message: str
+    id: str | None = None
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a decoded value's type (``object``, ``array``, ``string``, ...)."""
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def text_field(pack_fields: Sequence[str], pack_name: str = "the pack") -> str:
+    """The field raw text fills with ``--input-format text``: the pack's only field.
+
+    Raises:
+        UsageError: the pack's prompt uses no field or several (it names them).
+    """
+    if len(pack_fields) != 1:
+        used = ", ".join("{" + f + "}" for f in pack_fields) or "no field"
+        raise UsageError(
+            f"--input-format text (SPINF_INPUT_FORMAT) needs a pack whose prompt uses exactly one field; "
+            f"{pack_name} uses {used}: use --input-format json with objects holding those fields"
+        )
+    return pack_fields[0]
+
+
+def decode(value: bytes | None, *, input_format: InputFormat = "json", text_field: str = "text") -> Decoded | Rejection:
+    """Decode one input (a line without its line ending, or a record value).
+
+    Never raises for bad input: returns a :class:`Rejection` (kinds in the module docstring).
+    """
+    if value is None:
+        return Rejection("null_value", "a null value (a tombstone)")
+    raw = bytes(value)
+    if raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    if not raw:
+        return Rejection("empty_value", "empty (0 bytes)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Rejection("invalid_utf8", f"not valid UTF-8 ({e.reason} at byte {e.start})")
+    if input_format == "text":
+        return Decoded({text_field: text}, None)
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        return Rejection("invalid_json", f"not JSON ({e.msg} at char {e.pos})")
+    if not isinstance(obj, dict):
+        return Rejection("not_an_object", f"a JSON {json_type_name(obj)}, not an object")
+    raw_id = obj.get("id")
+    if raw_id is None:
+        return Decoded(obj, None)
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        return Rejection("wrong_type", f"field 'id' must be a string or an integer, got a JSON {json_type_name(raw_id)}")
+    message_id = str(raw_id)
+    if not message_id.strip():
+        return Rejection("empty_field", "field 'id' is empty")
+    return Decoded(obj, message_id)

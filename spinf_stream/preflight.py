@@ -1,0 +1,90 @@
+"""Checks that run before the slow part (loading weights), each in milliseconds: the pack, the model
+reference, the input file, the output file. Each raises a one-line error naming the flag, its
+``SPINF_*`` variable, the bad value and what to do; the Kafka checks of ``run`` are in
+:mod:`spinf_stream.stream.preflight`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+from .messages import InputFormat, text_field
+from .packs import Pack, load_pack
+
+__all__ = ["check_input_file", "check_model_reference", "check_output_file", "check_pack"]
+
+
+def check_pack(ref: str, input_format: InputFormat = "json") -> Pack:
+    """Load the pack (``--pack``); with ``--input-format text`` it must use exactly one field.
+
+    Raises:
+        spinf_stream.packs.PackError: the pack cannot be loaded (names the file and key).
+        UsageError: ``text`` input with a pack whose prompt uses several fields.
+    """
+    pack = load_pack(ref)
+    if input_format == "text":
+        text_field(pack.fields, f"pack {pack.name}")
+    return pack
+
+
+def check_model_reference(ref: str) -> None:
+    """``--model`` names an installed model or an existing model path (no weights are read).
+
+    Raises:
+        spinf_stream.models.weights.ModelNotInstalled, ModelLoadError.
+    """
+    from .models.weights import check_reference
+
+    check_reference(ref)
+
+
+def check_input_file(path: str | Path, flag: str, env: str) -> None:
+    """``path`` (``-`` = stdin) is a readable file.
+
+    Raises:
+        UsageError: it does not exist, is a directory, or cannot be opened for reading.
+    """
+    if str(path) == "-":
+        return
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{flag} {path} ({env}): no such file")
+    if p.is_dir():
+        raise UsageError(f"{flag} {path} ({env}): is a directory, not a file")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path} ({env}): cannot be read: {e.strerror or e}") from None
+
+
+def check_output_file(path: str | Path, flag: str, env: str, *, input_path: str | Path | None = None) -> None:
+    """``path`` (``-`` = stdout) can be written: an existing writable file, or a new file in a
+    writable directory (created here if missing), and not the input file.
+
+    Raises:
+        UsageError: it is a directory, the input file, or not writable.
+    """
+    if str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path} ({env}): is a directory; give a file name")
+    if p.exists() and input_path is not None and str(input_path) != "-" and Path(input_path).exists():
+        if p.samefile(input_path):
+            raise UsageError(f"{flag} {path} ({env}) is the input file: writing it would destroy the input")
+    existed = p.exists()
+    parent = p.parent
+    if not existed:
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{flag} {path} ({env}): cannot create its directory {parent}: {e.strerror or e}") from None
+    try:  # the only test that also holds for root, read-only file systems and ACLs: open it
+        with open(p, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path} ({env}): cannot be written: {e.strerror or e}") from None
+    if not existed:
+        p.unlink(missing_ok=True)  # leave no empty file behind if a later check fails
