@@ -43,12 +43,17 @@ def test_the_record_says_bfloat16_when_the_engine_runs_in_it(model_dir):
     assert (rec.model.device, rec.model.dtype) == ("cpu", "bfloat16")
 
 
-def test_spinf_kernels_triton_is_stated_in_the_record(model_dir, loaded, monkeypatch):
-    monkeypatch.setenv("SPINF_KERNELS", "triton")
-    decoder, tok = loaded(model_dir)
+def test_the_record_names_the_kernels_that_ran(model_dir, loaded, monkeypatch):
+    """SPINF_KERNELS=triton (with the interpreter on the CPU) loads the Triton back end, and the
+    record says so; a decoder loaded without it says torch."""
+    from spinf_stream.models import load_decoder
     from spinf_stream.packs import load_pack
 
-    engine = Engine(decoder, tok, load_pack("spam"), "tiny")
+    decoder, tok = loaded(model_dir)
+    assert Engine(decoder, tok, load_pack("spam"), "tiny").model_info.kernels == "torch"
+    monkeypatch.setenv("SPINF_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    engine = Engine(load_decoder(model_dir), tok, load_pack("spam"), "tiny")
     assert engine.model_info.kernels == "triton" and engine.model_info.sha256 is None
 
 

@@ -63,8 +63,8 @@ def _softcap(s: torch.Tensor, cap: float | None) -> torch.Tensor:
 class _MessageMasks:
     """Host-side masks of one message, built once per pass (no window), shared by every layer."""
 
-    content_blocks: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)  # (i0, i1, N, causal [n, N])
-    branch_keys: torch.Tensor | None = None  # [Nb, S_pad] visible preamble+content keys
+    content_blocks: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)  # (i0, i1, N, hidden [n, N])
+    branch_hidden: torch.Tensor | None = None  # [Nb, S_pad] padding keys (never visible)
     branch_qpos: torch.Tensor | None = None  # [Nb] logical positions of the branch rows
     slot_pos: torch.Tensor | None = None  # [Nb, W] logical positions of the own-branch slots
 
@@ -90,12 +90,12 @@ class TorchAttention:
                     i1 = min(i0 + CONTENT_BLOCK, L)
                     N = _round_up(P + i1, KEY_MULTIPLE)
                     qp = torch.arange(P + i0, P + i1)
-                    causal = torch.arange(N)[None, :] <= qp[:, None]
-                    mm.content_blocks.append((i0, i1, N, causal.to(self.device)))
+                    hidden = torch.arange(N)[None, :] > qp[:, None]  # causal: later keys and padding
+                    mm.content_blocks.append((i0, i1, N, hidden.to(self.device)))
             if m.branches:
                 S_pad = _round_up(max(m.n_keys, 1), KEY_MULTIPLE)
                 nb = m.branch_rows.shape[0]
-                mm.branch_keys = (torch.arange(S_pad) < m.n_keys).expand(nb, S_pad).to(self.device)
+                mm.branch_hidden = (torch.arange(S_pad) >= m.n_keys).expand(nb, S_pad).to(self.device)
                 mm.branch_qpos = pos[m.branch_rows].to(self.device)
                 slots = pos[m.slot_rows.reshape(-1)].view(m.slot_rows.shape)  # [nbr, W]
                 owner = torch.repeat_interleave(
@@ -126,8 +126,13 @@ class TorchAttention:
             scale: multiplies ``q·k``. window: sliding window (keys at positions
                 ``> q_pos - window`` are visible) or ``None``. softcap: ``cap * tanh(s / cap)``.
         Returns:
-            ``[T, Hq, D]`` in ``q.dtype``; softmax in fp32.
+            ``[T, Hq, D]`` in ``q.dtype``; computed in fp32.
         """
+        if q.dtype != torch.float32:  # softmax and its sums in fp32, as transformers does
+            f32 = lambda kv: (kv[0].float(), kv[1].float())  # noqa: E731
+            o = self(q.float(), k.float(), v.float(), f32(prefix) if prefix else None, [f32(c) for c in carried],
+                     scale=scale, window=window, softcap=softcap)
+            return o.to(q.dtype)
         out = torch.empty_like(q)
         for i, m in enumerate(self.layout.messages):
             keys, values = self._keys(m, k, v, prefix, carried)
@@ -170,18 +175,18 @@ class TorchAttention:
         g = hq // hkv
         c0 = m.content_start
         assert c0 is not None
-        for i0, i1, n_keys, causal in self.masks[i].content_blocks:
+        for i0, i1, n_keys, hidden in self.masks[i].content_blocks:
             n = i1 - i0
             qb = q[c0 + i0 : c0 + i1].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
-            s = torch.bmm(_pad_rows(qb), keys[:, :n_keys].transpose(1, 2))[:, : g * n] * scale
-            s = _softcap(s, softcap).view(hkv, g, n, n_keys)
-            ok = causal
+            scores = torch.bmm(_pad_rows(qb), keys[:, :n_keys].transpose(1, 2))  # [Hkv, >=G*n, N]
+            s = scores[:, : g * n].view(hkv, g, n, n_keys)
             if window is not None:
-                qp = torch.arange(m.prefix_len + i0, m.prefix_len + i1, device=causal.device)
-                ok = ok & (torch.arange(n_keys, device=causal.device)[None, :] > qp[:, None] - window)
-            p = torch.softmax(s.masked_fill(~ok, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
-            o = torch.bmm(_pad_rows(p.reshape(hkv, g * n, n_keys)), values[:, :n_keys])[:, : g * n]
-            out[c0 + i0 : c0 + i1] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+                qp = torch.arange(m.prefix_len + i0, m.prefix_len + i1, device=hidden.device)
+                hidden = hidden | (torch.arange(n_keys, device=hidden.device)[None, :] <= qp[:, None] - window)
+            _scores_to_weights(s, scale, softcap, hidden)
+            total = s.sum(dim=-1, keepdim=True)
+            o = torch.bmm(scores, values[:, :n_keys])[:, : g * n].view(hkv, g, n, d) / total
+            out[c0 + i0 : c0 + i1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
 
     def _branches(
         self, i: int, m: MessagePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -197,29 +202,46 @@ class TorchAttention:
         nbr, w = slot_rows.shape
         # [preamble | content]: every branch row of the message at once.
         qb = q[rows].view(nb, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * nb, d)
-        s_ctx = torch.bmm(_pad_rows(qb), keys.transpose(1, 2))[:, : g * nb].view(hkv, g, nb, s_pad)
+        ctx = torch.bmm(_pad_rows(qb), keys.transpose(1, 2))  # [Hkv, >=G*Nb, S_pad]
+        s_ctx = ctx[:, : g * nb].view(hkv, g, nb, s_pad)
         # Own branch: one [W, W] block per branch (queries and keys in branch slots).
         flat = slot_rows.reshape(-1)
         qs = q[flat].view(nbr, w, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(nbr * hkv, g * w, d)
         ks = k[flat].view(nbr, w, hkv, d).permute(0, 2, 3, 1).reshape(nbr * hkv, d, w)
         s_own = torch.bmm(qs, ks).view(nbr, hkv, g, w, w).permute(1, 2, 0, 3, 4).reshape(hkv, g, nbr * w, w)
         s_own = s_own[:, :, slot_index]  # [Hkv, G, Nb, W]
-        s = torch.cat([s_ctx, s_own], dim=-1) * scale
-        s = _softcap(s, softcap)
-        ok_ctx = masks.branch_keys
-        ok_own = ancestors
+        hide_ctx = masks.branch_hidden
+        hide_own = ~ancestors
         if window is not None:
             qp = masks.branch_qpos
-            ok_ctx = ok_ctx & (torch.arange(s_pad, device=qp.device)[None, :] > qp[:, None] - window)
-            ok_own = ok_own & (masks.slot_pos > qp[:, None] - window)
-        ok = torch.cat([ok_ctx, ok_own], dim=-1)
-        p = torch.softmax(s.masked_fill(~ok, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
-        p_ctx = p[..., :s_pad].reshape(hkv, g * nb, s_pad)
-        o = torch.bmm(_pad_rows(p_ctx), values)[:, : g * nb].view(hkv, g, nb, d)
-        p_slots = p.new_zeros(hkv, g, nbr * w, w)
-        p_slots[:, :, slot_index] = p[..., s_pad:]
+            hide_ctx = hide_ctx | (torch.arange(s_pad, device=qp.device)[None, :] <= qp[:, None] - window)
+            hide_own = hide_own | (masks.slot_pos <= qp[:, None] - window)
+        # One softmax over [preamble | content | own branch], in two parts that share the max.
+        for part, hide in ((s_ctx, hide_ctx), (s_own, hide_own)):
+            part.mul_(scale)
+            if softcap is not None:
+                part.copy_(_softcap(part, softcap))
+            part.masked_fill_(hide, float("-inf"))
+        top = torch.maximum(s_ctx.amax(dim=-1, keepdim=True), s_own.amax(dim=-1, keepdim=True))
+        total = None
+        for part in (s_ctx, s_own):
+            part.sub_(top).exp_()
+            total = part.sum(dim=-1, keepdim=True) if total is None else total + part.sum(dim=-1, keepdim=True)
+        o = torch.bmm(ctx, values)[:, : g * nb].view(hkv, g, nb, d)
+        p_slots = s_own.new_zeros(hkv, g, nbr * w, w)
+        p_slots[:, :, slot_index] = s_own
         p_slots = p_slots.view(hkv, g, nbr, w, w).permute(2, 0, 1, 3, 4).reshape(nbr * hkv, g * w, w)
         vs = v[flat].view(nbr, w, hkv, d).permute(0, 2, 1, 3).reshape(nbr * hkv, w, d)
         o_own = torch.bmm(p_slots, vs).view(nbr, hkv, g, w, d).permute(1, 2, 0, 3, 4).reshape(hkv, g, nbr * w, d)
-        o = o + o_own[:, :, slot_index]
+        o = (o + o_own[:, :, slot_index]) / total
         out[rows] = o.permute(2, 0, 1, 3).reshape(nb, hq, d)
+
+
+def _scores_to_weights(s: torch.Tensor, scale: float, softcap: float | None, hidden: torch.Tensor) -> None:
+    """In place: ``s`` (raw ``q·k``) becomes the unnormalised softmax weights
+    ``exp(scale * s - max)`` with hidden keys at 0 (each row on its own)."""
+    s.mul_(scale)
+    if softcap is not None:
+        s.copy_(_softcap(s, softcap))
+    s.masked_fill_(hidden, float("-inf"))
+    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
