@@ -266,3 +266,20 @@ def test_activations_match_torch_within_a_few_ulp(act):
     x = torch.linspace(-12, 12, 10001)
     want = {"silu": F.silu(x), "gelu_pytorch_tanh": F.gelu(x, approximate="tanh"), "gelu": F.gelu(x)}[act]
     torch.testing.assert_close(blocks.activation(x, act), want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_equals_its_formula_bitwise_and_row_by_row(offset):
+    """blocks.rms_norm takes torch's fused F.rms_norm in fp32: the same bits as the formula (the
+    definition), whatever the number of rows around a row."""
+    g = torch.Generator().manual_seed(1)
+    for h in (16, 576, 896, 3840):
+        x, w = torch.randn(120, h, generator=g) * 3, torch.randn(h, generator=g)
+        xf = x.double()
+        formula = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * (offset + w)
+        full = blocks.rms_norm(x, w, 1e-6, offset)
+        assert torch.equal(full, formula)
+        want = xf / torch.sqrt((xf * xf).mean(-1, keepdim=True) + 1e-6) * (offset + w.double())
+        torch.testing.assert_close(full.double(), want, rtol=1e-5, atol=1e-5)
+        for t in (1, 2, 7, 33):
+            assert torch.equal(blocks.rms_norm(x[5 : 5 + t].clone(), w, 1e-6, offset), full[5 : 5 + t])
