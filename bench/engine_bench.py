@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     prepared = [p for p in items if isinstance(p, PreparedMessage)]
     records = engine.run(prepared)
     eng.seconds = time.perf_counter() - t0
+    computed, useful = engine.last_run.tokens_computed, sum(p.n_tokens for p in prepared)
     prep_s = t1 - t0
     tally = engine_tally(fm, prepared, args.token_budget)
     eng.tokens, eng.flops, eng.forwards = tally.tokens, tally.flops, tally.forwards
@@ -510,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             "note: the CPU is oversubscribed (load average > CPUs); with several torch threads each small op can\n"
             "      wait milliseconds for a descheduled thread, which penalises many-small-op methods. Try --threads 1."
         )
-    print(f"engine: load {load_s:.1f} s (untimed), prepare {prep_s:.2f} s of its total, token budget {args.token_budget}")
+    print(f"engine: load {load_s:.1f} s (untimed), prepare {prep_s:.2f} s of its total, token budget {args.token_budget}; "
+          f"rows computed {computed} = the messages' own tokens {useful} ({computed - useful} padded or recomputed)")
     print()
     hdr = f"{'method':<40} {'questions':>9} {'seconds':>9} {'q/s':>9} {'tokens fed':>10} {'forwards':>8} {'model GFLOP':>10} {'GFLOP/s':>8} {'% peak':>7}"
     print(hdr)
@@ -540,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": dataclasses.asdict(eng), "a": dataclasses.asdict(ta), "b": dataclasses.asdict(tb),
             "engine_over_a": ratio_a, "engine_over_b": ratio_b,
             "engine_peak_fraction": eng.flops / eng.seconds / peak,
+            "engine_rows_computed": computed, "engine_rows_useful": useful,
             "max_dprob_engine_a": e_a.max_dprob, "max_dprob_engine_b": e_b.max_dprob,
         }
         with args.json.open("a", encoding="utf-8") as f:
