@@ -17,6 +17,7 @@ import torch
 
 from .layout import build_pass, plan_passes, preamble_pass
 from .segment import LayoutError, PreparedMessage, Segmenter
+from .tokenizer import SpecialTokensInFields
 from .models import Decoder, load_decoder
 from .models.decoder import PrefixKV
 from .packs import Pack, load_pack
@@ -55,14 +56,18 @@ class Engine:
         decoder: the model. tokenizer: its transformers fast tokenizer.
         pack: the validated pack. model_name: the name written in records.
         token_budget: tokens per forward pass (default 16,384).
+        special_tokens_in_fields: ``"plain"`` (special-token text in message fields is plain
+            text) or ``"parse"`` (the tokenizer's default: control tokens); ``None`` = the pack's
+            ``special_tokens_in_fields`` (see :mod:`spinf_stream.tokenizer`).
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
+        ValueError: a bad ``token_budget`` or ``special_tokens_in_fields``.
     """
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        token_budget: int = DEFAULT_TOKEN_BUDGET, special_tokens_in_fields: SpecialTokensInFields | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -71,7 +76,7 @@ class Engine:
         self.pack = pack
         self.model_name = model_name
         self.token_budget = token_budget
-        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
+        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions, special_tokens_in_fields)
         self.questions = self.segmenter.questions
         self.prefix: PrefixKV | None = self._prefill_preamble()
 
@@ -79,8 +84,11 @@ class Engine:
     def load(
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
         dtype: torch.dtype = torch.float32, device: str = "cpu",
+        special_tokens_in_fields: SpecialTokensInFields | None = None,
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
+
+        ``special_tokens_in_fields`` overrides the pack's (``None``: keep it); see :class:`Engine`.
 
         Raises:
             spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError.
@@ -93,7 +101,7 @@ class Engine:
         resolved = resolve(model)
         decoder = load_decoder(resolved.path, dtype=dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        return cls(decoder, tokenizer, pk, resolved.name, token_budget)
+        return cls(decoder, tokenizer, pk, resolved.name, token_budget, special_tokens_in_fields)
 
     def _prefill_preamble(self) -> PrefixKV | None:
         ids = self.segmenter.preamble_ids

@@ -132,6 +132,11 @@ class ScoreCommand(BaseModel):
     token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=1, description="tokens per forward pass")
     device: str = Field(default="cpu", description="torch device: cpu or cuda (cuda runs the Triton kernels)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="weights and activations dtype")
+    special_tokens_in_fields: Literal["plain", "parse"] | None = Field(
+        default=None,
+        description="special-token text in message fields: plain text, or parse it into control tokens "
+        "(the tokenizer's default); default: the pack's special_tokens_in_fields (plain unless it says so)",
+    )
     strict: bool = Field(default=False, description="exit 1 if any line could not be scored")
     progress: bool = Field(default=True, description="progress bar on stderr (files only)")
 
@@ -139,7 +144,8 @@ class ScoreCommand(BaseModel):
         import torch
 
         engine = Engine.load(
-            self.model, self.pack, token_budget=self.token_budget, dtype=getattr(torch, self.dtype), device=self.device
+            self.model, self.pack, token_budget=self.token_budget, dtype=getattr(torch, self.dtype), device=self.device,
+            special_tokens_in_fields=self.special_tokens_in_fields,
         )
         if self.output != "-":
             Path(self.output).parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,10 @@ def load_engine(settings: ScoringSettings) -> Any:
     from spinf_stream.engine import Engine
 
     log.info("loading model %s with pack %s", settings.model, settings.pack)
-    return Engine.load(model=settings.model, pack=settings.pack, token_budget=settings.token_budget)
+    return Engine.load(
+        model=settings.model, pack=settings.pack, token_budget=settings.token_budget,
+        special_tokens_in_fields=settings.special_tokens_in_fields,
+    )
 
 
 async def serve(service: ScoringService) -> int:
