@@ -139,7 +139,8 @@ class Segmenter:
     """Tokenizes messages for one pack and one tokenizer.
 
     Args:
-        tokenizer: a transformers fast tokenizer.
+        tokenizer: a transformers fast tokenizer, or a :class:`~spinf_stream.tokenizer.PromptTokenizer`
+            to share its copy of one.
         pack: the validated pack.
         max_positions: the model's context (tokens); longer prompts are rejected.
         special_tokens_in_fields: ``"plain"`` or ``"parse"`` (:mod:`spinf_stream.tokenizer`);
@@ -201,14 +202,17 @@ class Segmenter:
         return list(ids[:cut]), chars
 
     def _tail_tokens(self, tails: Sequence[Prompt]) -> list[list[int]]:
-        """Tokens of prompt tails (no special tokens), remembered."""
-        missing = list(dict.fromkeys(t for t in tails if t not in self._tails))
-        if missing:
-            if len(self._tails) > 8192:  # a bound, not an eviction policy: tails are cheap to redo
-                self._tails.clear()
-            for t, ids in zip(missing, self.tokenizer.encode(missing, add_special_tokens=False)):
-                self._tails[t] = ids
-        return [self._tails[t] for t in tails]
+        """Tokens of prompt tails (no special tokens), remembered. Safe from several threads:
+        each lookup is one dict operation, and what this call needs it keeps in locals."""
+        got = [self._tails.get(t) for t in tails]
+        missing = list(dict.fromkeys(t for t, ids in zip(tails, got) if ids is None))
+        if not missing:
+            return got  # type: ignore[return-value]  # no None left
+        new = dict(zip(missing, self.tokenizer.encode(missing, add_special_tokens=False)))
+        if len(self._tails) > 8192:  # a bound, not an eviction policy: tails are cheap to redo
+            self._tails.clear()
+        self._tails.update(new)
+        return [ids if ids is not None else new[t] for t, ids in zip(tails, got)]
 
     # -- prepare, step by step ---------------------------------------------------------------
 
@@ -301,10 +305,8 @@ class Segmenter:
                 todo[k] = (prompt, [prompt + s for s in self.suffixes[k]])
                 continue
             tail = prompt.tail(p)
-            key = (tail, tuple(self.suffixes[k]))
-            if key in self._choices:
-                out[k] = self._choices[key]
-            else:
+            out[k] = self._choices.get((tail, tuple(self.suffixes[k])))
+            if out[k] is None:
                 todo[k] = (tail, [tail + s for s in self.suffixes[k]])
         tails = [t for k, (base, conts) in todo.items() if base is not prompts[k] for t in (base, *conts)]
         wholes = [t for k, (base, conts) in todo.items() if base is prompts[k] for t in conts]

@@ -62,7 +62,7 @@ class PromptTokenizer:
             second or so for a large vocabulary) so that no one else's use of it changes ours
             (``transformers`` switches the shared backend's ``encode_special_tokens`` on every
             call that passes ``split_special_tokens``); or another :class:`PromptTokenizer`, whose
-            copy is shared (cheap; do not encode with both from two threads at once).
+            copy is shared (cheap; two sharers in different modes must not encode from two threads at once).
         special_tokens_in_fields: ``"plain"`` or ``"parse"`` (module docstring).
 
     Attributes:
@@ -94,6 +94,7 @@ class PromptTokenizer:
         backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         backend.no_truncation()
         backend.no_padding()
+        backend.encode_special_tokens = self.mode == "plain"
         self._backend = backend
         added = backend.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
@@ -178,7 +179,9 @@ class PromptTokenizer:
     def _batch(self, texts: list[str], add_special_tokens: bool, offsets: bool) -> list[tuple[list[int], list[tuple[int, int]]]]:
         if not texts:
             return []
-        self._backend.encode_special_tokens = self.mode == "plain"
+        plain = self.mode == "plain"
+        if self._backend.encode_special_tokens != plain:  # a write while another thread encodes would fail
+            self._backend.encode_special_tokens = plain
         if len(texts) == 1:  # no thread pool for one text
             e = self._backend.encode(texts[0], add_special_tokens=add_special_tokens)
             return [(e.ids, e.offsets if offsets else [])]

@@ -230,3 +230,18 @@ def test_issue_input_on_real_smollm2_matches_transformers(loaded):
     for qid, lps in want.items():
         for label, lp in lps.items():
             assert rec.scores[qid].choices[label].logprob == pytest.approx(lp, abs=1e-4), (qid, label)
+
+
+def test_prepare_from_several_threads_gives_what_it_gives_alone(tok):
+    """Engine.prepare is documented thread-safe: the segmenter's caches and the tokenizer copy
+    must not mix up concurrent messages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hf, ptok = tok
+    pack = _yaml_pack(*SEAM_PACKS["newline_runs"])
+    texts = [f"{m} {i}\n" * (i % 3 + 1) for i, m in enumerate(MESSAGES * 4)]
+    alone = [Segmenter(PromptTokenizer(ptok), pack, 1 << 20).prepare(i, str(i), {"text": t}) for i, t in enumerate(texts)]
+    seg = Segmenter(PromptTokenizer(ptok), pack, 1 << 20)
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda it: seg.prepare(it[0], str(it[0]), {"text": it[1]}), enumerate(texts)))
+    assert together == alone
