@@ -331,7 +331,7 @@ class Pack(BaseModel):
 
         Raises ``KeyError`` (naming the field) when ``fields`` lacks one the prompt uses.
         """
-        return _render(self._prompt_t, fields)
+        return self.render_prompt_spans(fields)[0]
 
     def render_prompt_spans(self, fields: Mapping[str, str]) -> tuple[str, tuple[tuple[int, int], ...]]:
         """:meth:`render_prompt` and the ``[start, end)`` char span of each field value in it, in order.

@@ -69,8 +69,9 @@ from tokenizers.models import BPE
 
 __all__ = ["Seams", "find_seams"]
 
-#: Pre-tokenizer patterns read for stage 3a (exact strings from tokenizer.json files).
-GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Pre-tokenizer patterns read for stage 3a. ``ByteLevel`` with ``use_regex`` splits on GPT-2's
+#   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+# (fixed in the tokenizers library); a ``Split`` must carry one of these exact strings:
 SPLIT_PATTERNS = frozenset({
     # Qwen2 / Qwen2.5 / Qwen3
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -116,6 +117,7 @@ class Seams:
                 return i + 1
             i = text.rfind("\n", 0, i)
         return None
+
 
 def find_seams(tokenizer: Tokenizer) -> Seams | None:
     """Seams of a ``tokenizers.Tokenizer``, or None when its pipeline is not one the module
