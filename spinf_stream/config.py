@@ -183,6 +183,10 @@ class ScoringSettings(BaseSettings):
         "json",
         description="json: each value is a JSON object with the pack's fields (and an optional id); text: each value is raw UTF-8 text, the value of the pack's one field.",
     )
+    special_tokens_in_fields: Literal["plain", "parse"] | None = Field(
+        None,
+        description="Special-token text in message fields: plain text, or parse it into control tokens (the tokenizer's default); default: the pack's special_tokens_in_fields (plain unless it says so).",
+    )
     too_long: Literal["truncate", "reject"] = Field(
         "reject",
         description="Over-long text: reject (dead-letter record, kind too_long) or truncate (score the longest prefix that fits; the record says so).",

@@ -17,6 +17,7 @@ import torch
 
 from .layout import preamble_pass
 from .segment import LayoutError, PreparedMessage, Segmenter
+from .tokenizer import SpecialTokensInFields
 from .models import Decoder, load_decoder
 from .models.decoder import LayerKV
 from .runner import RunStats, score_passes
@@ -60,14 +61,19 @@ class Engine:
         token_budget: tokens per forward pass (default 16,384).
         model_sha256: the weights' sha256 written in records (``ResolvedModel.weights_sha256``).
         dtype_name: the dtype written in records; default: the decoder's (``fp8`` must be named).
+        special_tokens_in_fields: ``"plain"`` (special-token text in message fields is plain
+            text) or ``"parse"`` (the tokenizer's default: control tokens); ``None`` = the pack's
+            ``special_tokens_in_fields`` (see :mod:`spinf_stream.tokenizer`).
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
+        ValueError: a bad ``token_budget`` or ``special_tokens_in_fields``.
     """
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
-        token_budget: int = DEFAULT_TOKEN_BUDGET, *, model_sha256: str | None = None, dtype_name: str | None = None,
+        token_budget: int = DEFAULT_TOKEN_BUDGET, special_tokens_in_fields: SpecialTokensInFields | None = None,
+        *, model_sha256: str | None = None, dtype_name: str | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -81,7 +87,7 @@ class Engine:
         # The Triton kernels run on CUDA, and on CPU tensors (interpreted) when SPINF_KERNELS=triton.
         self.kernels = decoder.backend.name
         self.token_budget = token_budget
-        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
+        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions, special_tokens_in_fields)
         self.questions = self.segmenter.questions
         self.preamble_len = len(self.segmenter.preamble_ids)
         self.prefix: LayerKV | None = self._prefill_preamble()
@@ -91,6 +97,7 @@ class Engine:
     def load(
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
         dtype: torch.dtype | str = torch.float32, device: str = "cpu", kernels: str | None = None,
+        special_tokens_in_fields: SpecialTokensInFields | None = None,
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
@@ -99,6 +106,7 @@ class Engine:
         :func:`spinf_stream.models.build_decoder`); ``device``: a torch device (``cpu``, ``cuda``,
         ``cuda:N``) — check both first with :func:`spinf_stream.device.choose`; ``kernels``: the
         back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS=triton``).
+        ``special_tokens_in_fields`` overrides the pack's (``None``: keep it); see :class:`Engine`.
 
         Raises:
             spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError;
@@ -118,8 +126,8 @@ class Engine:
         decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
         return cls(
-            decoder, tokenizer, pk, resolved.name, token_budget, model_sha256=resolved.weights_sha256,
-            dtype_name="fp8" if dtype == "fp8" else None,
+            decoder, tokenizer, pk, resolved.name, token_budget, special_tokens_in_fields,
+            model_sha256=resolved.weights_sha256, dtype_name="fp8" if dtype == "fp8" else None,
         )
 
     @property

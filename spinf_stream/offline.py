@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Literal
 
 import orjson
 from pydantic import Field
@@ -304,6 +304,11 @@ class ScoreCommand(BaseSettings):
         "json",
         description="json: each line is a JSON object with the pack's fields (and an optional id); text: each line is the text of the pack's one field.",
     )
+    special_tokens_in_fields: Literal["plain", "parse"] | None = Field(
+        default=None,
+        description="Special-token text in message fields: plain text, or parse it into control tokens "
+        "(the tokenizer's default); default: the pack's special_tokens_in_fields (plain unless it says so).",
+    )
     strict: bool = Field(default=False, description="Exit 1 if any line could not be scored (else only if none could).")
     progress: bool = Field(default=True, description="Progress bar on stderr when it is a terminal.")
     log_level: LogLevel = Field("INFO", description=LOG_LEVEL_HELP)
@@ -325,7 +330,8 @@ class ScoreCommand(BaseSettings):
         from .engine import Engine
 
         engine = Engine.load(
-            self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device
+            self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device,
+            special_tokens_in_fields=self.special_tokens_in_fields,
         )
         info = engine.model_info
         log.info("model %s (sha256 %s) on %s in %s, kernels %s", info.name, info.sha256, placement.device, info.dtype, info.kernels)

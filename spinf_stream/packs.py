@@ -11,6 +11,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     question: "Question: {question}\\nAnswer:"   # branch part; {question} = the question's text
     choices: [yes, no]                          # default choice labels
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
+    special_tokens_in_fields: plain             # optional; plain (default) or parse, see below
     questions:
       - id: spam
         text: Is this text message spam or a scam?
@@ -27,6 +28,12 @@ conversions (``!r``), format specs (``:>5``), indexing or attribute access are a
 substituted literally: braces inside a message's field or a var's value are just text. The
 ``preamble`` is not a template; it is used verbatim.
 
+``special_tokens_in_fields`` says what special-token text (``<|im_end|>``, ``<end_of_turn>``, ...)
+inside a message's fields is: ``plain`` (default) tokenizes it as ordinary text, so a message
+cannot forge control tokens; ``parse`` gives it the tokenizer's default meaning (control tokens).
+Special tokens written in the pack itself are control tokens either way
+(:mod:`spinf_stream.tokenizer`).
+
 Every scalar in the file is read as a string (YAML's ``yes``/``no``/``on``/``off``/``1.0`` stay the
 text written), because every value in the schema is a string or a list/mapping of strings.
 """
@@ -40,7 +47,7 @@ import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -252,6 +259,7 @@ class Pack(BaseModel):
     question: str
     choices: tuple[str, ...]
     answer_prefix: str = " "
+    special_tokens_in_fields: Literal["plain", "parse"] = "plain"
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
 
     _source: Path | None = PrivateAttr(default=None)
@@ -324,7 +332,25 @@ class Pack(BaseModel):
 
         Raises ``KeyError`` (naming the field) when ``fields`` lacks one the prompt uses.
         """
-        return _render(self._prompt_t, fields)
+        return self.render_prompt_spans(fields)[0]
+
+    def render_prompt_spans(self, fields: Mapping[str, str]) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """:meth:`render_prompt` and the ``[start, end)`` char span of each field value in it, in order.
+
+        Raises ``KeyError`` (naming the field) when ``fields`` lacks one the prompt uses.
+        """
+        out: list[str] = []
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for literal, field in self._prompt_t:
+            out.append(literal)
+            at += len(literal)
+            if field is not None:
+                value = fields[field]
+                out.append(value)
+                spans.append((at, at + len(value)))
+                at += len(value)
+        return "".join(out), tuple(spans)
 
     def render_question(self, q: ExpandedQuestion) -> str:
         """The branch part of one question: ``question`` with ``{question}`` = ``q.text``."""
@@ -413,6 +439,8 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[tuple[str, i
             msg = "empty list: give at least one question"
         elif kind == "string_too_short":
             msg = "must not be empty"
+        elif kind == "literal_error":
+            msg = f"must be one of {err['ctx']['expected']} (got {_describe(err.get('input'))})"
         else:
             msg = f"{err['msg']} (got {_describe(err.get('input'))})"
         out.append((_key_path(loc), _line_of(root, loc), msg))

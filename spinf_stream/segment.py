@@ -1,12 +1,13 @@
 """Tokenizing a message for one pack: shared content plus one branch per question.
 
 Tokenization follows the score's definition: the prompt of message *m* and question *q* is
-``preamble + render(prompt, m) + render(question, q)`` tokenized as ONE string with the
-tokenizer's defaults. We never tokenize the pieces separately and glue them (BPE merges and
-pre-tokenizer look-ahead cross the seams); instead we tokenize the whole string once, cut it at a
-token boundary, re-tokenize only the tail from that boundary for the other questions, and verify
-the cut reproduces the whole-string tokens (falling back to whole-string tokenization per question
-when it does not).
+``preamble + render(prompt, m) + render(question, q)``, tokenized as ONE string
+(:mod:`spinf_stream.tokenizer` says how special-token text in the message's fields is read). We
+never tokenize pieces separately and glue them (BPE merges and pre-tokenizer look-ahead cross the
+seams). Instead each question's prompt is tokenized as question 0's tokens up to a *seam* — a place
+where the tokenizer's output provably splits (:mod:`spinf_stream.seams`) and which both prompts
+share — followed by the tokens of the rest of its own prompt alone. A question with no such seam
+is tokenized whole. The content is then the tokens every question's prompt starts with.
 
 Planning forward passes from the tokenized messages is :mod:`spinf_stream.layout`'s job.
 """
@@ -17,6 +18,8 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .tokenizer import Prompt, PromptTokenizer, SpecialTokensInFields
 
 if TYPE_CHECKING:  # the pack is only read through its methods; keeps this module free of pydantic
     from .packs import Pack
@@ -77,11 +80,15 @@ class PreparedMessage:
 
 
 def _common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length of the longest common prefix (slice comparisons run in C: fast on long lists)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # invariant: a[:lo] == b[:lo]; the answer is in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _build_branch(question: int, branch: list[int], choice_tokens: list[list[int]]) -> Branch:
@@ -111,41 +118,69 @@ def _build_branch(question: int, branch: list[int], choice_tokens: list[list[int
     return Branch(question, tuple(tokens), tuple(parents), tuple(depths), tuple(reads), tuple(paths))
 
 
+@dataclass(frozen=True)
+class _Split:
+    """A question's whole-prompt tokens, written as ``first[:shared] + rest`` where ``first`` is
+    question 0's whole-prompt tokens."""
+
+    shared: int
+    rest: list[int]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.shared + len(self.rest)
+
+    def token(self, first: list[int], i: int) -> int:
+        return first[i] if i < self.shared else self.rest[i - self.shared]
+
+    def tokens_from(self, first: list[int], start: int) -> list[int]:
+        return first[start : self.shared] + self.rest[max(start - self.shared, 0) :]
+
+
 class Segmenter:
     """Tokenizes messages for one pack and one tokenizer.
 
     Args:
-        tokenizer: a transformers fast tokenizer (offsets mapping needed).
+        tokenizer: a transformers fast tokenizer, or a :class:`~spinf_stream.tokenizer.PromptTokenizer`
+            to share its copy of one.
         pack: the validated pack.
         max_positions: the model's context (tokens); longer prompts are rejected.
+        special_tokens_in_fields: ``"plain"`` or ``"parse"`` (:mod:`spinf_stream.tokenizer`);
+            ``None`` takes the pack's ``special_tokens_in_fields``.
 
     Raises:
         LayoutError: (kind ``choice_tokenization``) a choice whose tokens do not extend its
             question's tokens, so ``logprob`` would be ill-defined.
+        ValueError: a tokenizer that adds tokens after the text.
     """
 
-    def __init__(self, tokenizer: Any, pack: Pack, max_positions: int) -> None:
-        self.tok = tokenizer
+    def __init__(
+        self, tokenizer: Any, pack: Pack, max_positions: int,
+        special_tokens_in_fields: SpecialTokensInFields | None = None,
+    ) -> None:
+        self.tokenizer = PromptTokenizer(tokenizer, special_tokens_in_fields or pack.special_tokens_in_fields)
         self.pack = pack
         self.max_positions = max_positions
         self.questions = pack.expand()
         self.q_texts = [pack.render_question(q) for q in self.questions]
         self.suffixes = [[pack.answer_prefix + c for c in q.choices] for q in self.questions]
-        # Characters shared by every rendered question: text the content's last tokens see.
-        cpl = len(self.q_texts[0])
-        for t in self.q_texts[1:]:
-            cpl = min(cpl, _common_prefix_len(self.q_texts[0], t))
-        self.shared_question_chars = cpl
+        # chars of each question's text that question 0's text starts with too
+        self.shared_chars = [_common_prefix_len(self.q_texts[0], t) for t in self.q_texts]
+        # tokens of prompt tails: the pack's text after a seam repeats from message to message
+        self._tails: dict[Prompt, list[int]] = {}
+        self._choices: dict[tuple[Prompt, tuple[str, ...]], list[list[int]]] = {}
+        # the last seam inside each question's text before char ``n`` (memo, per pack)
+        self._q_seams: dict[tuple[int, int], int | None] = {}
         self._check_choices()
         self.preamble_ids, self.preamble_chars = self._preamble_cut()
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        return self.tok(texts, add_special_tokens=False)["input_ids"]
-
     def _check_choices(self) -> None:
-        for q, text, sufs in zip(self.questions, self.q_texts, self.suffixes):
-            base, *alts = self._encode([text] + [text + s for s in sufs])
-            for label, ids in zip(q.choices, alts):
+        texts = [Prompt(t) for t, sufs in zip(self.q_texts, self.suffixes) for t in [t] + [t + s for s in sufs]]
+        encoded = iter(self.tokenizer.encode(texts, add_special_tokens=False))
+        for q in self.questions:
+            base = next(encoded)
+            for label in q.choices:
+                ids = next(encoded)
                 if ids[: len(base)] != base or len(ids) == len(base):
                     raise LayoutError(
                         "choice_tokenization",
@@ -161,81 +196,192 @@ class Segmenter:
         """
         pre = self.pack.preamble
         literal = next(iter(string.Formatter().parse(self.pack.prompt)), ("",))[0]
-        enc = self.tok(pre + literal, add_special_tokens=True, return_offsets_mapping=True)
-        ids, offs = enc["input_ids"], enc["offset_mapping"]
-        n_special = 0
-        while n_special < len(ids) and offs[n_special] == (0, 0) and ids[n_special] in self.tok.all_special_ids:
-            n_special += 1
-        inside = sum(1 for i in range(n_special, len(ids)) if offs[i][1] <= len(pre) and offs[i][1] > 0)
+        ids, offs = self.tokenizer.encode_with_offsets(Prompt(pre + literal), add_special_tokens=True)
+        n_special = len(self.tokenizer.prefix_ids)
+        inside = sum(1 for i in range(n_special, len(ids)) if 0 < offs[i][1] <= len(pre))
         cut = n_special + max(0, inside - 1)
         chars = offs[cut][0] if cut < len(ids) else len(pre)
         return list(ids[:cut]), chars
+
+    def _tail_tokens(self, tails: Sequence[Prompt]) -> list[list[int]]:
+        """Tokens of prompt tails (no special tokens), remembered. Safe from several threads:
+        each lookup is one dict operation, and what this call needs it keeps in locals."""
+        got = [self._tails.get(t) for t in tails]
+        missing = list(dict.fromkeys(t for t, ids in zip(tails, got) if ids is None))
+        if not missing:
+            return got  # type: ignore[return-value]  # no None left
+        new = dict(zip(missing, self.tokenizer.encode(missing, add_special_tokens=False)))
+        if len(self._tails) > 8192:  # a bound, not an eviction policy: tails are cheap to redo
+            self._tails.clear()
+        self._tails.update(new)
+        return [ids if ids is not None else new[t] for t, ids in zip(tails, got)]
+
+    # -- prepare, step by step ---------------------------------------------------------------
 
     def prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:
         """Tokenize one message (fields already validated as non-empty strings).
 
         Raises:
-            LayoutError: ``too_long`` when the prompt exceeds the model's context.
+            LayoutError: ``too_long`` when the prompt exceeds the model's context;
+                ``choice_tokenization`` when a choice's tokens do not extend its prompt's.
         """
-        head = self.pack.preamble + self.pack.render_prompt(fields)
-        full0 = head + self.q_texts[0]
-        enc = self.tok(full0, add_special_tokens=True, return_offsets_mapping=True)
-        ids: list[int] = enc["input_ids"]
-        offs = enc["offset_mapping"]
-        p = len(self.preamble_ids)
-        use_preamble = ids[:p] == self.preamble_ids and (p == len(ids) or offs[p][0] >= self.preamble_chars)
-        prefix_len = p if use_preamble else 0
-        # Content = tokens wholly inside head; the branch starts at the next token's first char.
-        cut = prefix_len
-        while cut < len(ids) and (offs[cut][1] <= len(head) or offs[cut] == (0, 0)):
+        text, spans = self.pack.render_prompt_spans(fields)
+        pre = len(self.pack.preamble)
+        head = Prompt(self.pack.preamble + text, tuple((a + pre, b + pre) for a, b in spans))
+        prompts = [head + t for t in self.q_texts]
+        first, offsets = self.tokenizer.encode_with_offsets(prompts[0], add_special_tokens=True)
+        seam = _SeamFinder(self, head.text)
+        splits = self._question_tokens(prompts, seam, first, offsets)
+        cut = self._content_cut(first, splits)
+        use_preamble, prefix_len = self._preamble_use(first, offsets, cut)
+        content = first[prefix_len:cut]
+        own = [s.tokens_from(first, cut) for s in splits]
+        choices = self._choice_tokens(prompts, seam, first, splits)
+        branches = tuple(_build_branch(k, br, ch) for k, (br, ch) in enumerate(zip(own, choices)))
+        self._check_length(prefix_len + len(content), branches)
+        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches)
+
+    def _question_tokens(
+        self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], offsets: list[tuple[int, int]]
+    ) -> list[_Split]:
+        """Step 1: every question's whole-prompt tokens, from question 0's tokens and a seam.
+
+        Question k's prompt agrees with question 0's on its first ``len(head) + shared_chars[k]``
+        chars; up to the last seam ``p`` before that, its tokens are question 0's, and after it
+        they are those of its own prompt's tail from ``p`` alone. Without a seam (or if question
+        0's tokens do not break at the seam — never, if the seam argument holds), the question's
+        prompt is tokenized whole.
+        """
+        splits: list[_Split | None] = [_Split(len(first), [])] + [None] * (len(prompts) - 1)
+        tails: dict[int, tuple[int, Prompt]] = {}  # question -> (tokens before the seam, tail)
+        boundary: dict[int, int | None] = {}  # seam char -> token index
+        for k in range(1, len(prompts)):
+            p = seam.before(k, self.shared_chars[k])
+            if p is None:
+                continue
+            if p not in boundary:
+                boundary[p] = _token_boundary(offsets, p)
+            j = boundary[p]
+            if j is not None:
+                tails[k] = (j, prompts[k].tail(p))
+        got = iter(self._tail_tokens([t for _, t in tails.values()]))
+        for k, (j, _) in tails.items():
+            splits[k] = _Split(j, next(got))
+        whole = [k for k, s in enumerate(splits) if s is None]
+        wholes = self.tokenizer.encode([prompts[k] for k in whole], add_special_tokens=True) if whole else []
+        for k, ids in zip(whole, wholes):
+            shared = _common_prefix_len(first, ids)
+            splits[k] = _Split(shared, ids[shared:])
+        return [s for s in splits if s is not None]
+
+    @staticmethod
+    def _content_cut(first: list[int], splits: list[_Split]) -> int:
+        """Step 2: the content = the tokens every question's prompt starts with, leaving each
+        question at least one token of its own (the row its first choice token is read from)."""
+        cut = min(s.shared for s in splits)
+        end = min(s.n_tokens for s in splits) - 1
+        while cut < end and len({s.token(first, cut) for s in splits}) == 1:
             cut += 1
-        char0 = offs[cut][0] if cut < len(ids) else len(head)
-        tails = [head[char0:] + t for t in self.q_texts]
-        tail_ids = self._encode(tails)
-        exact = tail_ids[0] == ids[cut:] and cut > prefix_len and self.shared_question_chars >= 4
-        content = ids[prefix_len:cut]
-        if exact:
-            branches_tok = tail_ids
-        else:
-            content, branches_tok = self._whole_string_split(head, ids, prefix_len)
-        choice_ids = self._encode([tails[k] + s for k in range(len(tails)) for s in self.suffixes[k]])
-        if not exact:
-            fulls = [head + t + s for t, sufs in zip(self.q_texts, self.suffixes) for s in sufs]
-            choice_full = self.tok(fulls, add_special_tokens=True)["input_ids"]
-            choice_ids = [c[prefix_len + len(content) :] for c in choice_full]
-        branches = []
-        j = 0
-        longest = 0
-        for k, br in enumerate(branches_tok):
+        return min(cut, max(end, 0))
+
+    def _preamble_use(self, first: list[int], offsets: list[tuple[int, int]], cut: int) -> tuple[bool, int]:
+        """Whether the message's content follows the cached preamble, and the preamble's length."""
+        p = len(self.preamble_ids)
+        use = (
+            0 < p < cut
+            and first[:p] == self.preamble_ids
+            and offsets[p][0] >= self.preamble_chars
+        )
+        return use, p if use else 0
+
+    def _choice_tokens(
+        self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], splits: list[_Split]
+    ) -> list[list[list[int]]]:
+        """Step 3: each choice's tokens in context: ``tokenize(prompt + answer_prefix + label)``
+        after ``tokenize(prompt)``, both from the prompt's last seam (or whole, without one)."""
+        out: list[list[list[int]] | None] = [None] * len(prompts)
+        todo: dict[int, tuple[Prompt, list[Prompt]]] = {}  # question -> (base, base + each suffix)
+        for k, prompt in enumerate(prompts):
+            p = seam.before(k, len(self.q_texts[k]))
+            if p is None:
+                todo[k] = (prompt, [prompt + s for s in self.suffixes[k]])
+                continue
+            tail = prompt.tail(p)
+            out[k] = self._choices.get((tail, tuple(self.suffixes[k])))
+            if out[k] is None:
+                todo[k] = (tail, [tail + s for s in self.suffixes[k]])
+        tails = [t for k, (base, conts) in todo.items() if base is not prompts[k] for t in (base, *conts)]
+        wholes = [t for k, (base, conts) in todo.items() if base is prompts[k] for t in conts]
+        tail_ids = iter(self._tail_tokens(tails))
+        whole_ids = iter(self.tokenizer.encode(wholes, add_special_tokens=True) if wholes else [])
+        for k, (base_prompt, conts) in todo.items():
+            if base_prompt is prompts[k]:
+                base = splits[k].tokens_from(first, 0)
+                got = [next(whole_ids) for _ in conts]
+            else:
+                base = next(tail_ids)
+                got = [next(tail_ids) for _ in conts]
             ctoks = []
-            for label in self.questions[k].choices:
-                c = choice_ids[j]
-                j += 1
-                if c[: len(br)] != br or len(c) == len(br):
+            for label, ids in zip(self.questions[k].choices, got):
+                if ids[: len(base)] != base or len(ids) == len(base):
                     raise LayoutError(
                         "choice_tokenization",
                         f"choice {label!r} of question {self.questions[k].id!r} does not extend the prompt's tokens",
                     )
-                ctoks.append(c[len(br) :])
-            b = _build_branch(k, br, ctoks)
-            longest = max(longest, max(b.depths) + 1)
-            branches.append(b)
-        total = prefix_len + len(content) + longest
+                ctoks.append(ids[len(base) :])
+            out[k] = ctoks
+            if base_prompt is not prompts[k]:
+                if len(self._choices) > 8192:  # a bound, not an eviction policy
+                    self._choices.clear()
+                self._choices[(base_prompt, tuple(self.suffixes[k]))] = ctoks
+        return [c for c in out if c is not None]
+
+    def _check_length(self, before_branches: int, branches: Sequence[Branch]) -> None:
+        """Step 4: the prompt and its longest branch must fit the model's context."""
+        longest = max(max(b.depths) + 1 for b in branches)
+        total = before_branches + longest
         if total > self.max_positions:
             raise LayoutError(
                 "too_long",
-                f"prompt needs {total} positions (content {len(content) + prefix_len} + longest branch "
+                f"prompt needs {total} positions (content {before_branches} + longest branch "
                 f"{longest}); the model's context is {self.max_positions} tokens",
             )
-        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, tuple(branches))
 
-    def _whole_string_split(self, head: str, ids0: list[int], prefix_len: int) -> tuple[list[int], list[list[int]]]:
-        """Slow exact path: tokenize every question's whole prompt; content = common prefix."""
-        fulls = self.tok([head + t for t in self.q_texts], add_special_tokens=True)["input_ids"]
-        common = len(fulls[0])
-        for f in fulls[1:]:
-            common = min(common, _common_prefix_len(fulls[0], f))
-        # Keep at least one token per branch so every question has a row to read.
-        common = min(common, min(len(f) for f in fulls) - 1)
-        common = max(common, prefix_len)
-        return list(fulls[0][prefix_len:common]), [list(f[common:]) for f in fulls]
+
+class _SeamFinder:
+    """Seams of one message's prompts ``head + q_texts[k]`` (:mod:`spinf_stream.seams`)."""
+
+    def __init__(self, seg: Segmenter, head: str) -> None:
+        self.seg = seg
+        self.seams = seg.tokenizer.seams
+        self.head = head
+        self._head_last: int | None = -1  # the head's own last seam, found on first use
+
+    def before(self, k: int, n: int) -> int | None:
+        """The last seam ``p`` of question k's prompt with ``p < len(head) + n``, or None."""
+        seams = self.seams
+        if seams is None:
+            return None
+        text = self.seg.q_texts[k]
+        key = (k, n)
+        memo = self.seg._q_seams
+        if key not in memo:  # seams inside the question's text depend on the pack only
+            memo[key] = seams.last(text, n)
+        r = memo[key]
+        if r is not None:
+            return len(self.head) + r
+        if n >= 1 and text and seams.is_seam(self.head[-1:] + text[0], 1):
+            return len(self.head)
+        if self._head_last == -1:
+            self._head_last = seams.last(self.head, len(self.head))
+        return self._head_last
+
+
+def _token_boundary(offsets: list[tuple[int, int]], p: int) -> int | None:
+    """Index of the first token starting at char ``p`` if every earlier token ends by ``p``."""
+    j = len(offsets)
+    while j > 0 and offsets[j - 1][0] >= p and offsets[j - 1] != (0, 0):
+        j -= 1
+    if j == len(offsets) or offsets[j][0] != p or (j > 0 and offsets[j - 1][1] > p):
+        return None
+    return j

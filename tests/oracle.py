@@ -1,9 +1,15 @@
 """The oracle: transformers' own model run on the full prompt, one question at a time.
 
 For message *m* and question *q*: ``full = preamble + render(prompt, m) + render(question, q)``,
-tokenized as one string (``add_special_tokens=True``); a choice's tokens are
-``tokenize(full + answer_prefix + label)`` minus the tokens of ``full``; ``logprob`` = sum of the
-full-vocabulary log-probabilities of those tokens.
+tokenized as one string (``add_special_tokens=True``) by :func:`prompt_tokens`; a choice's tokens
+are ``tokenize(full + answer_prefix + label)`` minus the tokens of ``full``; ``logprob`` = sum of
+the full-vocabulary log-probabilities of those tokens.
+
+Special-token text in the message's fields (``<|im_end|>``, ``<end_of_turn>``, ...) is plain text
+when the pack says ``special_tokens_in_fields: plain`` (the default): the prompt is cut at the
+special tokens written in the pack's own text, and each piece in between is tokenized with
+transformers' ``split_special_tokens=True``. With ``parse`` the whole prompt is tokenized with the
+tokenizer's defaults.
 
 ``prefix_cache=True`` lets transformers reuse ITS OWN key/value cache of shared token prefixes
 (see :class:`Oracle`), which keeps the parity suite within CI's time; the tests also run a few
@@ -13,10 +19,71 @@ messages of every pack without it (each prompt from its first token).
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import string
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+
+def prompt_tokens(tok: Any, pieces: Sequence[tuple[str, bool]], mode: str) -> list[int]:
+    """Token ids of a prompt given as ``(text, from_a_message_field)`` pieces, by the definition
+    (module docstring), with the tokenizer's special tokens before the text."""
+    text = "".join(t for t, _ in pieces)
+    if mode == "parse":
+        return tok(text, add_special_tokens=True)["input_ids"]
+    assert mode == "plain", mode
+    specials, firsts, prefix = _specials(tok)
+    runs: list[tuple[str, bool]] = []  # consecutive pieces of the pack's text joined
+    for piece, from_field in pieces:
+        if runs and not from_field and not runs[-1][1]:
+            runs[-1] = (runs[-1][0] + piece, False)
+        else:
+            runs.append((piece, from_field))
+    cuts: list[tuple[int, int, int]] = []  # (start, end, id) of the pack's own special tokens
+    at = 0
+    for piece, from_field in runs:
+        i = 0
+        while not from_field and i < len(piece):
+            found = [c for c in specials if piece.startswith(c, i)] if piece[i] in firsts else []
+            if found:
+                longest = max(found, key=len)
+                cuts.append((at + i, at + i + len(longest), specials[longest]))
+                i += len(longest)
+            else:
+                i += 1
+        at += len(piece)
+    ids = list(prefix)
+    start = 0
+    for a, b, cid in [*cuts, (len(text), len(text), None)]:
+        if a > start:
+            ids += tok(text[start:a], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if cid is not None:
+            ids.append(cid)
+        start = b
+    return ids
+
+
+@functools.cache
+def _specials(tok: Any) -> tuple[dict[str, int], frozenset[str], tuple[int, ...]]:
+    """The tokenizer's special tokens (text -> id), their first characters, and the tokens it
+    puts before a text (e.g. ``<bos>``)."""
+    specials = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
+    bare = tok("x", add_special_tokens=False)["input_ids"]
+    prefix = tuple(tok("x", add_special_tokens=True)["input_ids"][: -len(bare)])
+    return specials, frozenset(c[0] for c in specials), prefix
+
+
+def prompt_pieces(pack: Any, fields: dict[str, str]) -> list[tuple[str, bool]]:
+    """``preamble + render(prompt, fields)`` as ``(text, from_a_message_field)`` pieces."""
+    pieces = [(pack.preamble, False)]
+    for literal, name, _, _ in string.Formatter().parse(pack.prompt):
+        pieces.append((literal, False))
+        if name is not None:
+            pieces.append((fields[name], True))
+    return pieces
 
 
 class Oracle:
@@ -28,15 +95,19 @@ class Oracle:
     Every prompt is still tokenized whole and checked to start with the cached prefix.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, pack: Any, *, prefix_cache: bool = True) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, pack: Any, *, prefix_cache: bool = True,
+        special_tokens_in_fields: str | None = None,
+    ) -> None:
         self.tok = tokenizer
         self.model = model
         self.pack = pack
+        self.mode = special_tokens_in_fields or pack.special_tokens_in_fields
         self.prefix_cache = prefix_cache
         self.caches: dict[tuple[int, ...], Any] = {}
         self.preamble_key: tuple[int, ...] = ()
         if prefix_cache and pack.preamble:
-            ids = self.tok(pack.preamble, add_special_tokens=True)["input_ids"]
+            ids = prompt_tokens(self.tok, [(pack.preamble, False)], self.mode)
             self.preamble_key = self._remember(ids[:-1])
 
     def _best_prefix(self, ids: list[int], feed_at_least: int) -> tuple[int, ...]:
@@ -62,10 +133,10 @@ class Oracle:
 
     def score(self, fields: dict[str, str]) -> dict[str, dict[str, float]]:
         """``{question id: {label: logprob}}`` for one message."""
-        head = self.pack.preamble + self.pack.render_prompt(fields)
+        head = prompt_pieces(self.pack, fields)
         questions = self.pack.expand()
-        texts = [head + self.pack.render_question(q) for q in questions]
-        fulls = [self.tok(t, add_special_tokens=True)["input_ids"] for t in texts]
+        texts = [[*head, (self.pack.render_question(q), False)] for q in questions]
+        fulls = [prompt_tokens(self.tok, t, self.mode) for t in texts]
         if self.prefix_cache:  # one message's caches at a time, beside the preamble's
             self.caches = {k: v for k, v in self.caches.items() if k == self.preamble_key}
             shared = min(len(f) for f in fulls) - 1
@@ -77,7 +148,7 @@ class Oracle:
         for q, full, f_ids in zip(questions, texts, fulls):
             conts = []
             for label in q.choices:
-                c_ids = self.tok(full + self.pack.answer_prefix + label, add_special_tokens=True)["input_ids"]
+                c_ids = prompt_tokens(self.tok, [*full, (self.pack.answer_prefix + label, False)], self.mode)
                 assert c_ids[: len(f_ids)] == f_ids, "choice tokens do not extend the prompt's"
                 conts.append(c_ids[len(f_ids) :])
             first, _ = self._run(f_ids, 1)

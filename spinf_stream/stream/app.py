@@ -106,6 +106,7 @@ def load_engine(settings: ScoringSettings) -> Any:
     engine = Engine.load(
         model=settings.model, pack=settings.pack, token_budget=settings.token_budget,
         device=placement.device, dtype=placement.dtype,
+        special_tokens_in_fields=settings.special_tokens_in_fields,
     )
     info = engine.model_info
     log.info(
