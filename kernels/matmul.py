@@ -14,15 +14,19 @@ Bias is not fused: add it afterwards (an elementwise add is batch-invariant by i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from ._triton import cdiv, dot_precision, jit, tl
 
-__all__ = ["BLOCK_K", "BLOCK_M", "BLOCK_N", "REF_CHUNK_ROWS", "matmul", "matmul_ref", "matmul_triton"]
+__all__ = [
+    "BLOCK_K", "BLOCK_M", "BLOCK_N", "REF_CHUNK_ROWS", "TileConfig", "matmul", "matmul_ref", "matmul_triton", "tile_config",
+]
 
-# The tile config. BLOCK_K sets the reduction order and is the same for every shape; BLOCK_M and
-# BLOCK_N only group independent output elements. None of them ever depends on M.
+# The tile config. BLOCK_K sets the reduction order and is the same for every shape of a dtype;
+# BLOCK_M and BLOCK_N only group independent output elements. None of them ever depends on M.
 BLOCK_M = 64
 BLOCK_N = 128
 BLOCK_K = 64
@@ -31,6 +35,35 @@ NUM_STAGES = 3
 #: Under the interpreter each program costs tens of ms whatever its tile: wide outputs (the LM
 #: head's vocabulary) take wider tiles there so CI runs in minutes. Same kernel, same K order.
 INTERPRETER_BLOCK_N = 1024
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One GEMM launch's tiles and schedule: a function of the device, the dtype and N only."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def tile_config(device: torch.device, dtype: torch.dtype, n: int, block_k: int = BLOCK_K) -> TileConfig:
+    """The tiles for ``[M, K] @ [K, n]`` of ``dtype`` on ``device`` (never a function of M).
+
+    Half-precision on a GPU: 128 x 256 tiles and 8 warps on Hopper (compute capability 9.x, the
+    shape that keeps its warpgroup MMAs fed), 128 x 128 elsewhere; fp32 (the parity checks) and
+    the interpreter: the small default tile.
+    """
+    if device.type != "cuda":
+        wide = n >= 4 * INTERPRETER_BLOCK_N
+        return TileConfig(BLOCK_M, INTERPRETER_BLOCK_N if wide else BLOCK_N, block_k, NUM_WARPS, NUM_STAGES)
+    if dtype == torch.float32:
+        return TileConfig(BLOCK_M, BLOCK_N, block_k, NUM_WARPS, NUM_STAGES)
+    major, _ = torch.cuda.get_device_capability(device)
+    if major >= 9:
+        return TileConfig(128, 256, block_k, 8, 3)
+    return TileConfig(128, 128, block_k, 8, 3)
 
 # Row chunk of the torch twin: the BLAS always sees [REF_CHUNK_ROWS, K] @ [K, N].
 REF_CHUNK_ROWS = 64
@@ -104,13 +137,13 @@ def matmul_triton(x: Tensor, w: Tensor) -> Tensor:
         return y
     if K == 0:
         return y.zero_()
-    block_n = INTERPRETER_BLOCK_N if x.device.type == "cpu" and N >= 4 * INTERPRETER_BLOCK_N else BLOCK_N
-    grid = (cdiv(M, BLOCK_M), cdiv(N, block_n))
+    cfg = tile_config(x.device, x.dtype, N)
+    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
     _matmul_kernel[grid](
         x, w, y, M, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 

@@ -8,7 +8,7 @@ e.g. vLLM's `Fp8LinearMethod` with dynamic per-token scales): weights once at lo
 floating point spec). Then `y[r, n] = sx[r] * sw[n] * sum_k x8[r, k] * w8[n, k]`.
 
 Invariance: a row's scale is a max (exact in any order) of that row alone; the kernel is the
-fixed-tile GEMM of `kernels.matmul` (one program per output tile, K walked in `BLOCK_K` steps in
+fixed-tile GEMM of `kernels.matmul` (one program per output tile, K walked in `FP8_BLOCK_K` steps in
 increasing order, never split): a row's bits depend on that row and the weights only.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ._triton import cdiv, jit, tl
-from .matmul import BLOCK_K, BLOCK_M, BLOCK_N, INTERPRETER_BLOCK_N, NUM_STAGES, NUM_WARPS, REF_CHUNK_ROWS
+from .matmul import REF_CHUNK_ROWS, tile_config
 
 __all__ = ["FP8_MAX", "matmul_fp8", "matmul_fp8_ref", "matmul_fp8_triton", "quantize_rows"]
 
@@ -26,6 +26,8 @@ __all__ = ["FP8_MAX", "matmul_fp8", "matmul_fp8_ref", "matmul_fp8_triton", "quan
 FP8_MAX = 448.0
 #: Smallest scale: an all-zero row quantizes to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
+#: K per step for float8 operands (twice the half-precision step: the same bytes per tile).
+FP8_BLOCK_K = 128
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -103,12 +105,13 @@ def matmul_fp8_triton(x: Tensor, w8: Tensor, sw: Tensor) -> Tensor:
     if M == 0 or N == 0:
         return y
     x8, sx = quantize_rows(x)
-    block_n = INTERPRETER_BLOCK_N if x.device.type == "cpu" and N >= 4 * INTERPRETER_BLOCK_N else BLOCK_N
-    grid = (cdiv(M, BLOCK_M), cdiv(N, block_n))
+    cfg = tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K)
+    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
     _matmul_fp8_kernel[grid](
         x8, sx, w8, sw.float().contiguous(), y, M, N, K,
         x8.stride(0), x8.stride(1), w8.stride(0), w8.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 
