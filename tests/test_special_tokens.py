@@ -228,8 +228,11 @@ def test_service_setting_reaches_the_engine(monkeypatch):
     from spinf_stream.engine import Engine
     from spinf_stream.stream.app import load_engine
 
+    from types import SimpleNamespace
+
     seen = {}
-    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, **kw: seen.update(kw)))
+    loaded = SimpleNamespace(model_info=SimpleNamespace(name="m", sha256=None, dtype="float32", kernels="torch"))
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, **kw: seen.update(kw) or loaded))
     monkeypatch.setenv("SPINF_SPECIAL_TOKENS_IN_FIELDS", "parse")
     load_engine(RunSettings())
     assert seen["special_tokens_in_fields"] == "parse"
