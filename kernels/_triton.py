@@ -71,14 +71,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str | None:
     """`tl.dot`'s input_precision for operands of `dtype`.
 
     fp32 operands get "ieee": true fp32 products, as torch computes them on CPU (TF32 would round
-    the inputs to 10 mantissa bits and break fp32 parity with the oracle). Half-precision operands
-    keep Triton's default; the setting only concerns fp32.
+    the inputs to 10 mantissa bits and break fp32 parity with the oracle). Other operands (bf16,
+    fp16, fp8) keep Triton's default (None): the setting only concerns fp32.
     """
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return "ieee" if dtype == torch.float32 else None
 
 
 class _MissingTriton:

@@ -73,12 +73,13 @@ REF_CHUNK_ROWS = 64
 # would be a second code path for the same row.
 @jit(do_not_specialize=["M"])
 def _matmul_kernel(
-    X, W, Y,
+    X, W, Y, XS, WS,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCALED: tl.constexpr,
 ):
+    # SCALED (the fp8 GEMM): multiply the fp32 result by a per-row XS[m] and per-column WS[n].
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -99,8 +100,26 @@ def _matmul_kernel(
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :] * stride_wk,
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    if SCALED:
+        acc = acc * tl.load(XS + offs_m, mask=m_ok, other=0.0)[:, None] * tl.load(WS + offs_n, mask=n_ok, other=0.0)[None, :]
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
              acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def launch(x: Tensor, w: Tensor, y: Tensor, cfg: TileConfig, scales: tuple[Tensor, Tensor] | None = None) -> None:
+    """Run the fixed-tile kernel: ``y = x @ w.T`` (times ``scales[0][:, None] * scales[1]`` when
+    given), ``x [M, K]``, ``w [N, K]``, ``y [M, N]``; tiles from ``cfg``."""
+    M, K = x.shape
+    N = w.shape[0]
+    xs, ws = scales if scales is not None else (y, y)  # unread when not SCALED
+    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
+    _matmul_kernel[grid](
+        x, w, y, xs, ws, M, N, K,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION=dot_precision(x.dtype), SCALED=scales is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
 
 
 def _check(x: Tensor, w: Tensor) -> None:
@@ -137,14 +156,7 @@ def matmul_triton(x: Tensor, w: Tensor) -> Tensor:
         return y
     if K == 0:
         return y.zero_()
-    cfg = tile_config(x.device, x.dtype, N)
-    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
-    _matmul_kernel[grid](
-        x, w, y, M, N, K,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    launch(x, w, y, tile_config(x.device, x.dtype, N))
     return y
 
 

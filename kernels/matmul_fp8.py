@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._triton import cdiv, jit, tl
-from .matmul import REF_CHUNK_ROWS, tile_config
+from .matmul import REF_CHUNK_ROWS, launch, tile_config
 
 __all__ = ["FP8_MAX", "matmul_fp8", "matmul_fp8_ref", "matmul_fp8_triton", "quantize_rows"]
 
@@ -38,39 +37,6 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     sx = xf.abs().amax(dim=1).clamp(min=MIN_SCALE) / FP8_MAX
     x8 = (xf / sx[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return x8, sx
-
-
-@jit(do_not_specialize=["M"])
-def _matmul_fp8_kernel(
-    X, XS, W, WS, Y,
-    M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    offs_m = offs_m.to(tl.int64)
-    offs_n = offs_n.to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # The whole reduction: K in one fixed order, the same for every row.
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        k_ok = kk < K
-        x = tl.load(X + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :] * stride_wk,
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-    xs = tl.load(XS + offs_m, mask=m_ok, other=0.0)
-    ws = tl.load(WS + offs_n, mask=n_ok, other=0.0)
-    y = acc * xs[:, None] * ws[None, :]
-    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
-             y.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _check(x: Tensor, w8: Tensor, sw: Tensor) -> None:
@@ -105,14 +71,7 @@ def matmul_fp8_triton(x: Tensor, w8: Tensor, sw: Tensor) -> Tensor:
     if M == 0 or N == 0:
         return y
     x8, sx = quantize_rows(x)
-    cfg = tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K)
-    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
-    _matmul_fp8_kernel[grid](
-        x8, sx, w8, sw.float().contiguous(), y, M, N, K,
-        x8.stride(0), x8.stride(1), w8.stride(0), w8.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    launch(x8, w8, y, tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K), (sx, sw.float().contiguous()))
     return y
 
 

@@ -27,6 +27,11 @@ import torch  # noqa: E402
 
 from kernels import (  # noqa: E402
     TreeMask,
+    logsumexp_ref,
+    logsumexp_triton,
+    matmul_fp8_ref,
+    matmul_fp8_triton,
+    quantize_rows,
     matmul,
     matmul_ref,
     matmul_triton,
@@ -134,6 +139,62 @@ def test_matmul_ref_row_is_bitwise_batch_invariant(m: int) -> None:
 def test_matmul_rejects_mismatched_shapes(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError):
         matmul(torch.zeros(x_shape), torch.zeros(w_shape))
+
+
+# --------------------------------------------------------------------------- fp8 matmul
+
+
+def _fp8_weights(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from spinf_stream.models import quantize_fp8
+
+    w = torch.randn(n, k, generator=_gen(seed)) / 10
+    q = quantize_fp8(w)
+    return w, q.data, q.scale
+
+
+def test_fp8_weight_quantization_is_within_e4m3_precision() -> None:
+    w, w8, sw = _fp8_weights(96, 130, 20)
+    deq = w8.float() * sw[:, None]
+    # e4m3: 3 mantissa bits, so a normal value rounds within 2**-4 of itself; tiny ones to the grid
+    assert bool(((deq - w).abs() <= w.abs() / 16 + sw[:, None] * 2.0**-9).all())
+    assert torch.equal(w8.float().abs().amax(dim=1), torch.full((96,), 448.0))  # each channel uses the range
+
+
+def test_matmul_fp8_triton_matches_the_dequantized_product(triton_run: TritonRunner) -> None:
+    """The fp8 GEMM against its definition: (x8 * sx) @ (w8 * sw).T in float64 (float8 values
+    are exact in float64), and against its torch twin."""
+    x = torch.randn(70, 130, generator=_gen(21)) * 2
+    _, w8, sw = _fp8_weights(150, 130, 22)
+    x8, sx = quantize_rows(x)
+    want = (x8.double() * sx.double()[:, None]) @ (w8.double() * sw.double()[:, None]).t()
+    got = triton_run(matmul_fp8_triton, x, w8, sw)
+    _close(got, want, rtol=1e-5, atol=1e-5)
+    _close(matmul_fp8_ref(x, w8, sw), want, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_fp8_triton_row_is_bitwise_batch_invariant(triton_run: TritonRunner) -> None:
+    x = torch.randn(90, 72, generator=_gen(23))
+    _, w8, sw = _fp8_weights(136, 72, 24)
+    packed = triton_run(matmul_fp8_triton, x, w8, sw)
+    for row in (0, 41, 89):
+        assert torch.equal(triton_run(matmul_fp8_triton, x[row:row + 1], w8, sw), packed[row:row + 1])
+
+
+# --------------------------------------------------------------------------- logsumexp
+
+
+@pytest.mark.parametrize("vocab", [100, 49152, 151936])
+def test_logsumexp_matches_float64_and_its_row_is_invariant(triton_run: TritonRunner, vocab: int) -> None:
+    x = torch.randn(5, vocab, generator=_gen(25)) * 6
+    want = torch.logsumexp(x.double(), dim=-1)
+    ref = logsumexp_ref(x)
+    _close(ref, want, rtol=1e-6, atol=1e-5)
+    for row in range(5):  # a single row reduced alone: torch.logsumexp would split it across threads
+        assert torch.equal(logsumexp_ref(x[row:row + 1].clone()), ref[row:row + 1])
+    if vocab < 100_000:  # the interpreter walks 1024 columns per step: keep CI quick
+        got = triton_run(logsumexp_triton, x)
+        _close(got, want, rtol=1e-6, atol=1e-5)
+        assert torch.equal(triton_run(logsumexp_triton, x[2:3]), got[2:3])
 
 
 # --------------------------------------------------------------------------- rms_norm
