@@ -48,7 +48,7 @@ def test_compose_prometheus_scrapes_the_scorers_metrics_port(compose):
     (job,) = config["scrape_configs"]
     (sd,) = job["dns_sd_configs"]
     port = int(compose["services"]["scorer"]["environment"]["SPINF_METRICS_PORT"])
-    assert sd["names"] == ["scorer"] and sd["port"] == port and job["metrics_path"] == "/metrics"
+    assert sd["names"] == ["scorer", "scorer-cpu"] and sd["port"] == port and job["metrics_path"] == "/metrics"
 
 
 def test_compose_grafana_provisions_the_prometheus_datasource_and_the_generated_dashboard(compose):

@@ -176,13 +176,15 @@ def questions_answered(records: Sequence[Any]) -> int:
 
 
 def scorer_info(scorer: Scorer) -> dict[str, str]:
-    """``{model, pack, pack_version, device, dtype}`` of a scorer, as strings (``unknown`` where
-    it does not say), for the ``spinf.info`` metric."""
-    decoder = getattr(scorer, "decoder", None)
+    """``{model, pack, pack_version, device, dtype, kernels}`` of a scorer, as strings
+    (``unknown`` where it does not say), for the ``spinf.info`` metric: from its ``model_info``
+    block (the one written in every record)."""
+    info = getattr(scorer, "model_info", None)
     return {
-        "model": str(scorer.model_name),
+        "model": str(getattr(info, "name", None) or getattr(scorer, "model_name", "unknown")),
         "pack": str(scorer.pack.name),
         "pack_version": str(scorer.pack.version),
-        "device": str(getattr(decoder, "device", "unknown")),
-        "dtype": str(getattr(decoder, "dtype", "unknown")).removeprefix("torch."),
+        "device": str(getattr(info, "device", "unknown")),
+        "dtype": str(getattr(info, "dtype", "unknown")),
+        "kernels": str(getattr(info, "kernels", "unknown")),
     }

@@ -171,7 +171,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("Model load time", "s", (
         _q("spinf.model.load.duration", "gauge", "load time", agg="max"),
         _q("spinf.info", "gauge", "{{spinf_model}} {{spinf_pack_name}}@{{spinf_pack_version}} {{spinf_device}} {{spinf_dtype}}",
-           by=(m.MODEL, m.PACK, m.PACK_VERSION, m.DEVICE, m.DTYPE), agg="max"),
+           by=(m.MODEL, m.PACK, m.PACK_VERSION, m.DEVICE, m.DTYPE, m.KERNELS), agg="max"),
     ), "Start-up load time; the legend names what each replica runs."),
 )
 

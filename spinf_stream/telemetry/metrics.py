@@ -41,6 +41,7 @@ PACK = "spinf.pack.name"
 PACK_VERSION = "spinf.pack.version"
 DEVICE = "spinf.device"
 DTYPE = "spinf.dtype"
+KERNELS = "spinf.kernels"
 TOKEN_BUDGET = "spinf.token_budget"
 
 Kind = Literal["counter", "histogram", "gauge"]
@@ -192,7 +193,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "spinf.info", "gauge", "1",
         "What is this scorer running? Always 1; the attributes say the model, pack, device, dtype and token budget.",
-        (MODEL, PACK, PACK_VERSION, DEVICE, DTYPE, TOKEN_BUDGET),
+        (MODEL, PACK, PACK_VERSION, DEVICE, DTYPE, KERNELS, TOKEN_BUDGET),
     ),
 )
 

@@ -196,10 +196,11 @@ class StreamTelemetry:
 
     def scorer_ready(self, info: dict[str, str]) -> None:
         """The scorer is loaded: set the constant ``spinf.info`` metric from ``info`` (keys: model,
-        pack, pack_version, device, dtype) and mark the model loaded for readiness."""
+        pack, pack_version, device, dtype, kernels) and mark the model loaded for readiness."""
         self._i["spinf.info"].set(1, {
             m.MODEL: info.get("model", ""), m.PACK: info.get("pack", ""), m.PACK_VERSION: info.get("pack_version", ""),
-            m.DEVICE: info.get("device", ""), m.DTYPE: info.get("dtype", ""), m.TOKEN_BUDGET: str(self.token_budget),
+            m.DEVICE: info.get("device", ""), m.DTYPE: info.get("dtype", ""), m.KERNELS: info.get("kernels", ""),
+            m.TOKEN_BUDGET: str(self.token_budget),
         })
         self.health.model_loaded()
 
