@@ -241,6 +241,15 @@ class ScoringService:
     def consumer(self) -> AIOKafkaConsumer | None:
         return self._consumer
 
+    async def wait_acked(self, n: int) -> None:
+        """Wait (without polling) until the broker has acknowledged ``n`` written records since
+        :meth:`run` started (``stats.acked``). Raises the service's failure if it fails first."""
+        while self.stats.acked < n:
+            if self._fatal is not None:
+                raise self._fatal
+            self._progress.clear()
+            await self._progress.wait()
+
     async def run(self) -> None:
         """Run until :meth:`stop` has drained everything, or raise on a failure."""
         s = self.settings
