@@ -749,6 +749,10 @@ class ScoringService:
             return  # the first join revokes nothing
         self.stats.rebalances += 1
         self.telemetry.rebalanced()
+        # No poll returns while the group rebalances: a claim of records waiting in the broker
+        # would hold a partial batch that the revoked partitions' work may be waiting for.
+        self._broker_backlog = False
+        self._update_backlog()
         parts = [self._parts[tp] for tp in revoked if tp in self._parts]
         log.info("revoking partitions: %s", _fmt(revoked))
         deadline = time.monotonic() + self._settle_timeout_s
