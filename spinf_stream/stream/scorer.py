@@ -180,7 +180,7 @@ def scorer_info(scorer: Scorer) -> dict[str, str]:
     it does not say), for the ``spinf.info`` metric."""
     decoder = getattr(scorer, "decoder", None)
     return {
-        "model": str(scorer.model_name),
+        "model": str(getattr(scorer, "model_name", "unknown")),
         "pack": str(scorer.pack.name),
         "pack_version": str(scorer.pack.version),
         "device": str(getattr(decoder, "device", "unknown")),
