@@ -10,8 +10,8 @@ waiting at a barrier from about 300,000 iterations (a few ms) to 100 (libgomp's 
 loaded on the main thread and run on a worker thread makes two teams: measured on 2 cores
 (smollm2-135m, 40 sms_spam messages, 2 torch threads), 75,000 voluntary context switches for one
 ``Engine.run`` against about 50 when loading and running share a thread (bench/README.md,
-"Threads of the service"). The offline ``score`` command runs everything on its main thread,
-which is one team; the service now does the same on this one.
+"Where the time went"). The offline ``score`` command runs everything on its main thread,
+which is one team; the service runs everything on this thread, which is one team too.
 
 What runs here is given by the caller as a plain function: this module knows nothing of tensors.
 """
