@@ -30,7 +30,6 @@ from broker import (  # noqa: F401  (fixtures)
     run_settings,
     tansu,
     topics,
-    wait_for,
 )
 
 pytestmark = pytest.mark.broker
@@ -117,7 +116,7 @@ def test_a_backlog_fills_each_batch_up_to_the_token_budget(topics):
     async def go() -> None:
         svc = ScoringService(settings, scorer, make_message=fake_message)
         async with RunningService(svc) as s:
-            await wait_for(lambda: s.stats.acked >= len(texts))
+            await asyncio.wait_for(s.wait_acked(len(texts)), 60)
 
     asyncio.run(go())
     assert sorted(scorer.tokenized) == sorted(tokens_of)  # each message tokenized once
@@ -147,7 +146,7 @@ def test_the_window_still_bounds_the_wait_when_input_trickles(topics):
                     await asyncio.sleep(gap_s)
             finally:
                 await producer.stop()
-            await wait_for(lambda: s.stats.acked >= n)
+            await asyncio.wait_for(s.wait_acked(n), 60)
 
     asyncio.run(go())
     assert [len(b) for b in scorer.batch_tokens] == [1] * n
