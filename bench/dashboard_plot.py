@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from spinf_stream.config import RunSettings  # noqa: E402
 from spinf_stream.stream.app import load_engine_timed  # noqa: E402
+from spinf_stream.stream.engine_thread import EngineThread  # noqa: E402
 from spinf_stream.stream.broker import EmbeddedBroker  # noqa: E402
 from spinf_stream.stream.produce import produce_values  # noqa: E402
 from spinf_stream.stream.service import ScoringService  # noqa: E402
@@ -73,8 +74,9 @@ async def record(args: argparse.Namespace) -> list[tuple[float, list[Sample]]]:
         })
         telemetry = create_telemetry(settings, prometheus=True, environ={})
         server = OpsServer("127.0.0.1", 0, telemetry.health, telemetry.providers.registry).start()
-        engine = load_engine_timed(settings, telemetry)
-        service = ScoringService(settings, engine, telemetry=telemetry)
+        engine_thread = EngineThread()  # loads and runs every pass, as `run` does (one OpenMP team)
+        engine = engine_thread.call(load_engine_timed, settings, telemetry)
+        service = ScoringService(settings, engine, telemetry=telemetry, engine_thread=engine_thread)
         task = asyncio.create_task(service.run())
         await service.assigned.wait()
         t0 = time.monotonic()
@@ -98,6 +100,7 @@ async def record(args: argparse.Namespace) -> list[tuple[float, list[Sample]]]:
         scraper.cancel()
         service.stop()
         await task
+        engine_thread.close()
         server.stop()
         telemetry.providers.shutdown()
     return scrapes

@@ -11,15 +11,21 @@ torch is imported on first use only, so that a typo in another flag is reported 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, get_args
 
 from .config import DEVICE_PATTERN, DType
 from .errors import UsageError
 
-__all__ = ["DEVICE_PATTERN", "DTYPES", "FP8_MIN_CAPABILITY", "Placement", "choose", "describe_runtime"]
+__all__ = [
+    "DEVICE_PATTERN", "DTYPES", "FP8_MIN_CAPABILITY", "Placement", "choose", "describe_runtime", "size_cpu_threads",
+    "usable_cpus",
+]
 
 #: ``--dtype`` values (``--device`` values: :data:`DEVICE_PATTERN`)
 DTYPES: tuple[str, ...] = get_args(DType)
@@ -101,6 +107,56 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
             "use --dtype float32"
         )
     return Placement(device=device, dtype=dtype)
+
+
+def _cgroup_cpu_quota(root: Path) -> float | None:
+    """CPUs the cgroup may use per period (``quota / period``), or ``None`` when unlimited or unknown.
+    cgroup v2 ``cpu.max`` (``"max 100000"`` or ``"150000 100000"``), else v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` (quota ``-1`` = unlimited). Read where a container sees its own group."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(cgroup_root: str | Path = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask (``os.sched_getaffinity``; ``os.cpu_count``
+    where that does not exist), capped by its cgroup's CPU quota rounded down, at least 1.
+
+    The quota matters in containers: a pod limited to 2 CPUs on a 64-core node still sees 64 CPUs
+    in its affinity mask, and 64 compute threads throttled to 2 CPUs' worth of time would stall
+    each other at every barrier.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(Path(cgroup_root))
+    if quota is not None:
+        cpus = min(cpus, math.floor(quota))
+    return max(1, cpus)
+
+
+def size_cpu_threads(*, environ: Mapping[str, str] | None = None, torch_module: Any = None,
+                     cgroup_root: str | Path = "/sys/fs/cgroup") -> int:
+    """Set torch's intra-op (compute) threads for the engine and return their number:
+    ``OMP_NUM_THREADS`` when it is set (the standard knob, which torch reads itself), else
+    :func:`usable_cpus`. Call it on the engine thread before its first op (the rule and its
+    measurements: README, "The service").
+    """
+    environ = os.environ if environ is None else environ
+    if torch_module is None:
+        import torch as torch_module
+    if not environ.get("OMP_NUM_THREADS", "").strip():
+        torch_module.set_num_threads(usable_cpus(cgroup_root))
+    return int(torch_module.get_num_threads())
 
 
 def _version(dist: str) -> str:

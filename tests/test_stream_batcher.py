@@ -1,4 +1,5 @@
-"""The micro-batcher: batches close on token budget, message cap, or latency window."""
+"""The micro-batcher: batches close on token budget, message cap, or latency window; a backlog
+holds a partial batch past its window."""
 
 from __future__ import annotations
 
@@ -144,3 +145,55 @@ def test_next_batch_wakes_when_a_batch_closes():
         return await asyncio.wait_for(task, 1.0)
 
     assert asyncio.run(go()) == ["a", "b"]
+
+
+def test_a_backlog_holds_the_open_batch_past_its_window():
+    b = make(window_s=0.05)
+    b.set_backlog(True)  # more records read and being tokenized
+    b.add("a", 10, now=0.0)
+    assert b.take(now=10.0) is None
+    assert b.seconds_until_ready(now=10.0) is None  # nothing ready until something changes
+
+
+def test_once_the_backlog_is_read_the_window_applies_again():
+    b = make(window_s=0.05)
+    b.set_backlog(True)
+    b.add("a", 10, now=0.0)
+    b.add("b", 10, now=0.2)
+    b.set_backlog(False)
+    assert b.take(now=0.2) == ["a", "b"]  # the window (from "a") passed long ago
+
+
+def test_a_batch_held_for_a_backlog_still_closes_on_the_budget():
+    b = make(budget=100, window_s=0.05)
+    b.set_backlog(True)
+    b.add("a", 60, now=0.0)
+    b.add("b", 50, now=1.0)  # would exceed the budget: "a" closes
+    assert b.take(now=1.0) == ["a"]
+    assert b.take(now=2.0) is None  # "b" is held while the backlog lasts
+
+
+def test_drain_hands_out_a_batch_held_for_a_backlog():
+    b = make()
+    b.set_backlog(True)
+    b.add("a", 10, now=0.0)
+    b.drain()
+    assert b.take(now=0.0) == ["a"]
+
+
+def test_next_batch_wakes_when_the_backlog_is_read():
+    async def go() -> tuple[list[str], float]:
+        b: Batcher[str] = Batcher(100, 10, 0.0)
+        b.set_backlog(True)
+        b.add("a", 1)
+        task = asyncio.create_task(b.next_batch())
+        await asyncio.sleep(0.1)
+        assert not task.done()  # held: window 0, but a backlog is being read
+        t0 = time.monotonic()
+        b.set_backlog(False)
+        batch = await asyncio.wait_for(task, 1.0)
+        return batch, time.monotonic() - t0
+
+    batch, waited = asyncio.run(go())
+    assert batch == ["a"]
+    assert waited < 0.5

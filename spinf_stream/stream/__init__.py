@@ -5,7 +5,9 @@ Data flows down this list; each module is named for what it is:
 - ``codec``: input bytes → message (JSON object or UTF-8 text) or a rejection, through the decoder
   ``spinf-stream score`` uses too (``spinf_stream.messages``)
 - ``scorer``: the narrow interface to the engine (``prepare``/``run``) and the policies around it
-- ``batcher``: micro-batches closed by token budget, latency window or message cap
+- ``batcher``: micro-batches closed by token budget, latency window or message cap (a backlog
+  fills them to the budget)
+- ``engine_thread``: the one thread that loads the engine and runs its forward passes
 - ``offsets``: per-partition commit position (highest contiguous acknowledged offset + 1)
 - ``records``, ``dlq``: the records written (score with source; dead letter) and their headers
 - ``service``: the loop that ties them together (``ScoringService``)

@@ -4,8 +4,14 @@ A batch *closes* when adding the next message would take its packed tokens past 
 when its tokens reach the budget, or when it holds ``max_messages``. An open batch is *handed out*
 once the latency window has passed since its first message — but only when the engine asks for
 work, so while the engine is busy the open batch keeps filling (up to budget or cap), and a free
-engine never waits longer than the window. A message larger than the budget gets a batch of its own
-(the engine spreads its branches over several passes).
+engine never waits longer than the window for input that trickles in. A message larger than the
+budget gets a batch of its own (the engine spreads its branches over several passes).
+
+The window is for input that is slow, not for a backlog that is already there: while the service
+says a *backlog* is being read (:meth:`Batcher.set_backlog`: records consumed and still being
+tokenized, or more records waiting in the broker), the open batch is held past its window until
+it closes on the budget or the cap, or the backlog is read. A batch handed out early would cost a
+forward pass more for the same messages and leave the engine below its budget.
 
 The bookkeeping (:meth:`Batcher.add`, :meth:`Batcher.take`) is pure and takes ``now`` explicitly;
 :meth:`Batcher.next_batch` is the asyncio wrapper the service awaits.
@@ -57,6 +63,7 @@ class Batcher(Generic[T]):
         self._closed: deque[_Batch[T]] = deque()
         self._open: _Batch[T] | None = None
         self._draining = False
+        self._backlog = False
         self._changed = asyncio.Event()  # set on every change; next_batch waits on it
 
     # -- pure bookkeeping ---------------------------------------------------------------------
@@ -86,7 +93,7 @@ class Batcher(Generic[T]):
         """The next batch to run, or ``None`` if none is ready (closed, or open past its window)."""
         now = self._clock() if now is None else now
         if not self._closed and self._open is not None:
-            if self._draining or now - self._open.opened_at >= self.window_s:
+            if self._draining or (not self._backlog and now - self._open.opened_at >= self.window_s):
                 self._close()
         if self._closed:
             return self._closed.popleft().items
@@ -94,7 +101,8 @@ class Batcher(Generic[T]):
 
     def seconds_until_ready(self, now: float | None = None) -> float | None:
         """0 if :meth:`take` would return a batch, the wait until the open batch's window ends,
-        or ``None`` when nothing is waiting."""
+        or ``None`` when no batch can be ready before the next change (nothing is waiting, or the
+        open batch is held for a backlog)."""
         now = self._clock() if now is None else now
         if self._closed:
             return 0.0
@@ -102,7 +110,20 @@ class Batcher(Generic[T]):
             return None
         if self._draining:
             return 0.0
+        if self._backlog:
+            return None
         return max(0.0, self._open.opened_at + self.window_s - now)
+
+    def set_backlog(self, waiting: bool) -> None:
+        """Say whether more input is already there (read from the broker and being tokenized, or
+        waiting in the broker): while it is, the open batch is not handed out on its window."""
+        if waiting != self._backlog:
+            self._backlog = waiting
+            self._notify()
+
+    @property
+    def backlog(self) -> bool:
+        return self._backlog
 
     def drain(self) -> None:
         """From now on hand out the open batch without waiting for its window (shutdown)."""

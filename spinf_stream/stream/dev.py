@@ -29,6 +29,7 @@ from spinf_stream.stream.app import (
 )
 from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import format_record, read_topics
+from spinf_stream.stream.engine_thread import EngineThread
 from spinf_stream.stream.produce import lines_of, produce_lines
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.stream.topics import ensure_topics
@@ -53,13 +54,14 @@ def _read_input(path: Any) -> list[bytes]:
 
 
 async def run_dev_async(
-    settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None
+    settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None,
+    engine_thread: EngineThread | None = None,
 ) -> int:
     run_settings = dev_run_settings(settings, broker.bootstrap_servers)
     kafka = run_settings.client_kwargs()
     topics = [*run_settings.input_topic, run_settings.output_topic, run_settings.dlq_topic]
     await ensure_topics(kafka, topics, partitions=settings.partitions)
-    service = ScoringService(run_settings, scorer, telemetry=telemetry)
+    service = ScoringService(run_settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
     scorer_task = asyncio.create_task(serve(service))
 
     expected: set[tuple[str, int, int]] | None = None
@@ -123,10 +125,10 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
     broker = EmbeddedBroker(settings.port).start()
     try:
         print(f"embedded Kafka broker (Tansu) on {broker.bootstrap_servers}", file=sys.stderr, flush=True)
-        with operations(settings, endpoint_required=False) as telemetry:
-            if scorer is None:
-                scorer = load_engine_timed(settings, telemetry)
-            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry))
+        with operations(settings, endpoint_required=False) as telemetry, EngineThread() as engine_thread:
+            if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
+                scorer = engine_thread.call(load_engine_timed, settings, telemetry)
+            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry, engine_thread))
             return EXIT_OK if code is None else code
     except OperationsError as exc:
         log.error("%s", exc)

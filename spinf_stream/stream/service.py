@@ -5,6 +5,19 @@ partitions are paused for backpressure — so the member never misses ``max.poll
 never leaves its group because a batch is slow. The engine runs in its own thread; tokenization
 (``prepare``) in another, so the next batch is fetched and tokenized while the current one runs.
 
+Threads, sized to the machine (README, "The service"): the event loop (consume, decode, build
+records, produce, commit) on the main thread; tokenization on one thread (about 0.6 ms per
+message, a fraction of a per cent of the engine's time on the CPU); the engine on one thread
+(:class:`~spinf_stream.stream.engine_thread.EngineThread`, shared with the model load so that
+OpenMP keeps one team of workers), whose torch compute threads take every usable CPU
+(:func:`spinf_stream.device.size_cpu_threads`). The other threads wake rarely and briefly, so
+they are not given a CPU of their own.
+
+Keeping the engine busy: with a backlog, a batch fills the token budget (the latency window holds
+for input that trickles in, not for records already read or waiting in the broker; see
+:mod:`~spinf_stream.stream.batcher`), and when a batch finishes the next one goes to the engine
+before the finished one's records are built, written and acknowledged.
+
 Delivery (at-least-once):
 
 - every consumed record gets exactly one written record: a score on the output topic or a
@@ -40,6 +53,7 @@ from spinf_stream.messages import text_field
 from spinf_stream.stream.batcher import Batcher
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
+from spinf_stream.stream.engine_thread import EngineThread
 from spinf_stream.stream.offsets import PartitionOffsets
 from spinf_stream.stream.records import Source
 from spinf_stream.stream.scorer import (
@@ -58,7 +72,9 @@ from spinf_stream.telemetry import PartitionSample, Sample, StreamTelemetry
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
-PREPARE_CHUNK = 128  # messages tokenized per call to Engine.prepare
+# Messages tokenized per call to Engine.prepare: a full batch can start before a large fetch is
+# all tokenized (the batcher holds a partial one while the rest is tokenized).
+PREPARE_CHUNK = 128
 
 
 class ProduceFailed(RuntimeError):
@@ -100,6 +116,17 @@ class _Partition:
     stamps: deque[tuple[int, int]] = field(default_factory=deque)
 
 
+@dataclass(eq=False, slots=True)
+class _Running:
+    """A batch in the engine: its records' slots and items, packed tokens, telemetry trace, and the
+    future of ``run_measured``."""
+
+    live: list[tuple[_Slot, Any]]
+    tokens: int
+    trace: Any
+    future: asyncio.Future[Any]
+
+
 @dataclass
 class ServiceStats:
     """Counters for logs, tests and benchmarks (no content)."""
@@ -110,6 +137,8 @@ class ServiceStats:
     acked: int = 0
     batches: int = 0
     batch_messages: int = 0
+    batch_tokens: int = 0  # packed tokens of every batch (fill = batch_tokens / batches / budget)
+    engine_seconds: float = 0.0  # time the engine spent on batches (wall, from run_measured)
     commits: int = 0
     rebalances: int = 0
     dropped_on_revoke: int = 0
@@ -142,6 +171,9 @@ class ScoringService:
             partitions to be written before dropping it (default: a quarter of
             ``max_poll_interval_ms``, at most 30 s).
         telemetry: metrics, traces and health (default: off, health state only).
+        engine_thread: the thread the engine's forward passes run on; give the one the engine
+            was loaded on (see :mod:`~spinf_stream.stream.engine_thread`). Default: a new one,
+            closed when :meth:`run` ends (a given one is left open).
     """
 
     def __init__(
@@ -152,6 +184,7 @@ class ScoringService:
         make_message: MessageFactory | None = None,
         settle_timeout_s: float | None = None,
         telemetry: StreamTelemetry | None = None,
+        engine_thread: EngineThread | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
@@ -178,12 +211,16 @@ class ScoringService:
         self._fatal: BaseException | None = None
         self._paused = False
         self._ingesting = 0
+        self._preparing = 0  # records read and decoded, not yet tokenized
+        self._broker_backlog = False  # the latest poll left records in the broker (not paused)
         self._out_partitions: dict[str, list[int]] = {}
         self.assigned = asyncio.Event()  # set on the first assignment (tests, dev)
         self.drained = False  # after run(): everything consumed was written before the stop
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="spinf-engine")
+        self._owns_engine_thread = engine_thread is None
+        self._engine_thread = engine_thread if engine_thread is not None else EngineThread()
+        # One thread: tokenizing is ~0.6 ms per message (smollm2, sms_spam), far ahead of the engine.
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="spinf-prepare")
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -203,6 +240,15 @@ class ScoringService:
     @property
     def consumer(self) -> AIOKafkaConsumer | None:
         return self._consumer
+
+    async def wait_acked(self, n: int) -> None:
+        """Wait (without polling) until the broker has acknowledged ``n`` written records since
+        :meth:`run` started (``stats.acked``). Raises the service's failure if it fails first."""
+        while self.stats.acked < n:
+            if self._fatal is not None:
+                raise self._fatal
+            self._progress.clear()
+            await self._progress.wait()
 
     async def run(self) -> None:
         """Run until :meth:`stop` has drained everything, or raise on a failure."""
@@ -265,7 +311,8 @@ class ScoringService:
                 await self._consumer.stop()
             if self._producer is not None:
                 await self._producer.stop()
-            self._engine_pool.shutdown(wait=False, cancel_futures=True)
+            if self._owns_engine_thread:
+                self._engine_thread.close()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         log.info(
             "stopped%s: consumed %d, scored %d, dead-lettered %d, committed %s",
@@ -318,12 +365,35 @@ class ScoringService:
             room = s.max_inflight - self._unacked()
             # Poll even when every partition is paused: that keeps this member in its group.
             data = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
+            # A poll that returns nothing ends any claim of records waiting in the broker (the high
+            # watermark overstates it on compacted or transactional topics).
+            self._broker_backlog = bool(data) and self._more_in_broker()
+            self._update_backlog()
             if data:
                 self._ingesting += 1
                 try:
                     await self._ingest(data)
                 finally:
                     self._ingesting -= 1
+
+    def _more_in_broker(self) -> bool:
+        """Whether a partition that is read (assigned, not paused) has records in the broker beyond
+        the last one read: its high watermark from the latest fetch is above that offset + 1."""
+        consumer = self._consumer
+        assert consumer is not None
+        live = consumer.assignment() - consumer.paused()
+        for tp, part in self._parts.items():
+            last = part.offsets.last_tracked
+            if tp in live and not part.revoked and last is not None:
+                high = consumer.highwater(tp)
+                if high is not None and high > last + 1:
+                    return True
+        return False
+
+    def _update_backlog(self) -> None:
+        """Tell the batcher whether input is already there: records being tokenized, or waiting
+        in the broker. While it is, a partial batch is held past its window."""
+        self._batcher.set_backlog(self._preparing > 0 or self._broker_backlog)
 
     def _backpressure(self) -> None:
         consumer = self._consumer
@@ -383,62 +453,90 @@ class ScoringService:
             if part is not None:
                 self._release(part)
         loop = asyncio.get_running_loop()
-        # Tokenize in chunks so the engine can start on the first batch while the rest is prepared.
-        for start in range(0, len(messages), PREPARE_CHUNK):
-            chunk_slots = to_prepare[start : start + PREPARE_CHUNK]
-            prepared: list[Prepared] = await loop.run_in_executor(
-                self._prepare_pool, prepare_messages, self.scorer, self._make_message,
-                messages[start : start + PREPARE_CHUNK], s.too_long,
-            )
-            touched: dict[TopicPartition, _Partition] = {}
-            for slot, p in zip(chunk_slots, prepared):
-                if slot.part.revoked:
-                    continue
-                slot.truncated = p.truncated
-                if is_error(p.item):
-                    policy = s.too_long if p.item.error.kind == "too_long" else None
-                    self._dead_letter(slot, p.item.error.kind, p.item.error.message, message_id=slot.message_id, policy=policy)
-                    touched[slot.part.tp] = slot.part
-                else:
-                    self._batcher.add((slot, p.item), int(p.item.n_tokens))
-            for part in touched.values():
-                self._release(part)
+        # Tokenize in chunks so the engine can start on the first full batch while the rest is
+        # prepared; until the last chunk is in, the batcher holds a partial batch (backlog).
+        self._preparing += len(messages)
+        self._update_backlog()
+        left = len(messages)
+        try:
+            for start in range(0, len(messages), PREPARE_CHUNK):
+                chunk_slots = to_prepare[start : start + PREPARE_CHUNK]
+                prepared: list[Prepared] = await loop.run_in_executor(
+                    self._prepare_pool, prepare_messages, self.scorer, self._make_message,
+                    messages[start : start + PREPARE_CHUNK], s.too_long,
+                )
+                touched: dict[TopicPartition, _Partition] = {}
+                for slot, p in zip(chunk_slots, prepared):
+                    if slot.part.revoked:
+                        continue
+                    slot.truncated = p.truncated
+                    if is_error(p.item):
+                        policy = s.too_long if p.item.error.kind == "too_long" else None
+                        self._dead_letter(slot, p.item.error.kind, p.item.error.message, message_id=slot.message_id, policy=policy)
+                        touched[slot.part.tp] = slot.part
+                    else:
+                        self._batcher.add((slot, p.item), int(p.item.n_tokens))
+                for part in touched.values():
+                    self._release(part)
+                self._preparing -= len(chunk_slots)
+                left -= len(chunk_slots)
+                self._update_backlog()
+        finally:
+            if left:  # a failed tokenization: the service is failing; leave no claim behind
+                self._preparing -= left
+                self._update_backlog()
 
     # -- engine -------------------------------------------------------------------------------
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Keep the engine busy: when a batch finishes, the next one (if ready) goes to the engine
+        thread before the finished batch's records are built and handed to the writer."""
+        running: _Running | None = None
         while True:
-            batch = await self._batcher.next_batch()
-            live = [(slot, item) for slot, item in batch if not slot.part.revoked]
-            if not live:
+            if running is None:
+                running = self._start_batch(await self._batcher.next_batch())
                 continue
-            self.stats.batches += 1
-            self.stats.batch_messages += len(live)
-            tokens = sum(int(item.n_tokens) for _, item in live)
-            started = time.monotonic()
-            batch_trace = self.telemetry.batch_started(
-                [slot.record.headers for slot, _ in live], [started - slot.read_at for slot, _ in live], tokens
-            )
-            records, seconds, work = await loop.run_in_executor(
-                self._engine_pool, run_measured, self.scorer, [item for _, item in live]
-            )
+            records, seconds, work = await running.future
+            done = running
+            self.stats.engine_seconds += seconds
             self.telemetry.batch_finished(
-                batch_trace, seconds, questions_answered(records), work, tokens,
-                written=sum(not slot.part.revoked for slot, _ in live),
+                done.trace, seconds, questions_answered(records), work, done.tokens,
+                written=sum(not slot.part.revoked for slot, _ in done.live),
             )
-            touched: dict[TopicPartition, _Partition] = {}
-            for (slot, _), rec in zip(live, records):
-                if slot.part.revoked:
-                    continue
-                slot.batch = batch_trace
-                if is_error(rec):
-                    self._dead_letter(slot, rec.error.kind, rec.error.message, message_id=slot.message_id, release=False)
-                else:
-                    self._score(slot, rec)
-                touched[slot.part.tp] = slot.part
-            for part in touched.values():
-                self._release(part)
+            ready = self._batcher.take()
+            running = self._start_batch(ready) if ready is not None else None
+            self._finish_batch(done, records)
+
+    def _start_batch(self, batch: list[tuple[_Slot, Any]]) -> _Running | None:
+        """Hand ``batch`` (less the records of revoked partitions) to the engine thread."""
+        live = [(slot, item) for slot, item in batch if not slot.part.revoked]
+        if not live:
+            return None
+        tokens = sum(int(item.n_tokens) for _, item in live)
+        self.stats.batches += 1
+        self.stats.batch_messages += len(live)
+        self.stats.batch_tokens += tokens
+        started = time.monotonic()
+        trace = self.telemetry.batch_started(
+            [slot.record.headers for slot, _ in live], [started - slot.read_at for slot, _ in live], tokens
+        )
+        future = self._engine_thread.run(run_measured, self.scorer, [item for _, item in live])
+        return _Running(live, tokens, trace, future)
+
+    def _finish_batch(self, done: _Running, records: list[Any]) -> None:
+        """Build the written record of each of ``done``'s messages and release them in order."""
+        touched: dict[TopicPartition, _Partition] = {}
+        for (slot, _), rec in zip(done.live, records):
+            if slot.part.revoked:
+                continue
+            slot.batch = done.trace
+            if is_error(rec):
+                self._dead_letter(slot, rec.error.kind, rec.error.message, message_id=slot.message_id, release=False)
+            else:
+                self._score(slot, rec)
+            touched[slot.part.tp] = slot.part
+        for part in touched.values():
+            self._release(part)
 
     # -- write --------------------------------------------------------------------------------
 
@@ -651,6 +749,10 @@ class ScoringService:
             return  # the first join revokes nothing
         self.stats.rebalances += 1
         self.telemetry.rebalanced()
+        # No poll returns while the group rebalances: a claim of records waiting in the broker
+        # would hold a partial batch that the revoked partitions' work may be waiting for.
+        self._broker_backlog = False
+        self._update_backlog()
         parts = [self._parts[tp] for tp in revoked if tp in self._parts]
         log.info("revoking partitions: %s", _fmt(revoked))
         deadline = time.monotonic() + self._settle_timeout_s
