@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
+from .evaluation import CalibrateCommand, EvaluateCommand
 from .offline import ScoreCommand
 from .stream.commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
 
@@ -22,6 +23,8 @@ class SpinfStream(BaseSettings):
     )
 
     score: CliSubCommand[ScoreCommand] = Field(description="score a JSON Lines file offline")
+    evaluate: CliSubCommand[EvaluateCommand] = Field(description="measure a pack on labelled rows (AUC, accuracy, ECE, ...)")
+    calibrate: CliSubCommand[CalibrateCommand] = Field(description="fit a pack's calibration on labelled rows")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")
@@ -32,12 +35,14 @@ class SpinfStream(BaseSettings):
 
 
 def _friendly_errors() -> tuple[type[BaseException], ...]:
+    from .calibration import CalibrationError
+    from .labelled import LabelledInputError
     from .segment import LayoutError
     from .models import UnsupportedModel
     from .models.weights import ModelLoadError, ModelNotInstalled
     from .packs import PackError
 
-    return (PackError, ModelNotInstalled, ModelLoadError, UnsupportedModel, LayoutError, FileNotFoundError)
+    return (PackError, CalibrationError, LabelledInputError, ModelNotInstalled, ModelLoadError, UnsupportedModel, LayoutError, FileNotFoundError)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

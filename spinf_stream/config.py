@@ -119,6 +119,10 @@ class ScoringSettings(BaseSettings):
     group_id: str = Field("spinf-stream", description="Consumer group id; replicas with the same id split the partitions.")
     pack: str = Field(DEFAULT_PACK, description="Prompt pack: a name shipped in packs/ or a path to a pack YAML file.")
     model: str = Field(DEFAULT_MODEL, description="Decision model: a short name (installed from PyPI) or a path to a HF directory or GGUF file.")
+    calibration: str = Field(
+        "auto",
+        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
+    )
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
     token_budget: int = Field(16384, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from .models import Decoder, load_decoder
 from .models.decoder import PrefixKV
 from .packs import Pack, load_pack
 from .records import ErrorInfo, ErrorRecord, PackRef, ScoreRecord, digest
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
 
 DEFAULT_TOKEN_BUDGET = 16_384
 
@@ -55,14 +58,17 @@ class Engine:
         decoder: the model. tokenizer: its transformers fast tokenizer.
         pack: the validated pack. model_name: the name written in records.
         token_budget: tokens per forward pass (default 16,384).
+        calibration: per-question maps applied to every record (already checked against this
+            pack file and model, see ``spinf_stream.calibration.resolve``), or ``None``.
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
+        spinf_stream.calibration.CalibrationError: a calibration of other questions or choices.
     """
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        token_budget: int = DEFAULT_TOKEN_BUDGET, calibration: Calibration | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -73,27 +79,37 @@ class Engine:
         self.token_budget = token_budget
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions)
         self.questions = self.segmenter.questions
+        # Maps fixed once per pack and model: applying them is a few flops per choice.
+        self.calibration = calibration
+        self._maps = calibration.bind(self.questions) if calibration else [None] * len(self.questions)
         self.prefix: PrefixKV | None = self._prefill_preamble()
 
     @classmethod
     def load(
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
         dtype: torch.dtype = torch.float32, device: str = "cpu",
+        calibration: str | Path | Calibration | None = "auto",
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
+        ``calibration``: ``"auto"`` (the pack's shipped calibration for this model, if any),
+        ``"none"``/``None``, a calibration file, or a :class:`~spinf_stream.calibration.Calibration`.
+
         Raises:
-            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError.
+            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError,
+            spinf_stream.calibration.CalibrationError.
         """
         from transformers import AutoTokenizer
 
+        from . import calibration as cal
         from .models.weights import resolve
 
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
+        chosen = cal.resolve(calibration, pk, resolved)  # before the weights: a wrong file fails fast
         decoder = load_decoder(resolved.path, dtype=dtype, device=device)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        return cls(decoder, tokenizer, pk, resolved.name, token_budget)
+        return cls(decoder, tokenizer, pk, resolved.name, token_budget, chosen)
 
     def _prefill_preamble(self) -> PrefixKV | None:
         ids = self.segmenter.preamble_ids
@@ -174,19 +190,22 @@ class Engine:
         for qi, q in enumerate(self.questions):
             lps = sums[qi]
             cs = choice_scores(lps)
-            best = max(range(len(cs)), key=lambda j: cs[j][0])
-            scores[q.id] = {
-                "answer": q.choices[best],
-                "choices": {
-                    label: {"probability": pr, "logprob": lp, "floor": fl}
-                    for label, (pr, lp, fl) in zip(q.choices, cs)
-                },
-            }
+            choices = {label: {"probability": pr, "logprob": lp, "floor": fl} for label, (pr, lp, fl) in zip(q.choices, cs)}
+            qmap = self._maps[qi]
+            if qmap is None:
+                best = max(range(len(cs)), key=lambda j: cs[j][0])
+            else:
+                calibrated = qmap.probabilities(lps)
+                for label, c in zip(q.choices, calibrated):
+                    choices[label]["calibrated"] = c
+                best = qmap.answer(calibrated)
+            scores[q.id] = {"answer": q.choices[best], "choices": choices}
         return ScoreRecord(
             id=p.id,
             pack=PackRef(name=self.pack.name, version=self.pack.version),
             model=self.model_name,
             scores=scores,
+            calibration=self.calibration.id if self.calibration else None,
             digest=digest(scores),
         )
 

@@ -132,6 +132,9 @@ class ScoreCommand(BaseModel):
     token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=1, description="tokens per forward pass")
     device: str = Field(default="cpu", description="torch device: cpu or cuda (cuda runs the Triton kernels)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="weights and activations dtype")
+    calibration: str = Field(
+        default="auto", description="calibration file, auto (the pack's shipped one for this model, if any) or none"
+    )
     strict: bool = Field(default=False, description="exit 1 if any line could not be scored")
     progress: bool = Field(default=True, description="progress bar on stderr (files only)")
 
@@ -139,7 +142,8 @@ class ScoreCommand(BaseModel):
         import torch
 
         engine = Engine.load(
-            self.model, self.pack, token_budget=self.token_budget, dtype=getattr(torch, self.dtype), device=self.device
+            self.model, self.pack, token_budget=self.token_budget, dtype=getattr(torch, self.dtype), device=self.device,
+            calibration=self.calibration,
         )
         if self.output != "-":
             Path(self.output).parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,9 @@ def load_engine(settings: ScoringSettings) -> Any:
     from spinf_stream.engine import Engine
 
     log.info("loading model %s with pack %s", settings.model, settings.pack)
-    return Engine.load(model=settings.model, pack=settings.pack, token_budget=settings.token_budget)
+    return Engine.load(
+        model=settings.model, pack=settings.pack, token_budget=settings.token_budget, calibration=settings.calibration
+    )
 
 
 async def serve(service: ScoringService) -> int:
