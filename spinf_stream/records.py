@@ -7,10 +7,16 @@ these models (``python -m spinf_stream.schemas`` rewrites them; a test keeps the
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+
+def _optional(schema: dict[str, Any]) -> None:
+    """An optional field is absent, never null: its schema has no ``default``."""
+    schema.pop("default", None)
 
 
 class PackRef(BaseModel):
@@ -36,8 +42,8 @@ class ChoiceScore(BaseModel):
     probability: float = Field(ge=0.0, le=1.0)
     logprob: float = Field(le=0.0)
     floor: float = Field(ge=0.0, le=1.0)
-    calibrated: float | None = Field(
-        None, ge=0.0, le=1.0, exclude_if=lambda v: v is None,
+    calibrated: Annotated[float, Field(ge=0.0, le=1.0)] | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
         description="Probability after calibration (sums to 1 over the question's choices); absent without one.",
     )
 
@@ -63,8 +69,8 @@ class ScoreRecord(BaseModel):
     pack: PackRef
     model: str
     scores: dict[str, QuestionScore]
-    calibration: str | None = Field(
-        None, exclude_if=lambda v: v is None,
+    calibration: str | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
         description="Id of the calibration applied (see spinf_stream.calibration); absent without one.",
     )
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the canonical score bytes, see records.digest")
