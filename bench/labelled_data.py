@@ -9,6 +9,7 @@ How a data set's labels answer a pack's questions lives beside the pack, in
     sets:
       - data: sms_spam              # a folder of ../shared/data (its dev.jsonl)
         rows: 1000                  # the first rows of dev.jsonl (a fixed pseudo-random order)
+        per_label: 400              # instead of rows: the first 400 rows of each label (equal priors)
         split: ","                  # optional: the label is a list with this separator
         labels:                     # question id: {data set label: choice}
           spam: {spam: "yes", ham: "no"}
@@ -71,8 +72,13 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
         n = rows_override or s.get("rows")
         with open(data_dir / s["data"] / "dev.jsonl", "rb") as f:
             lines = f.read().splitlines()
-        for line in lines[:n] if n else lines:
+        taken: dict[str, int] = {}
+        for line in lines[:n] if n and not s.get("per_label") else lines:
             row = orjson.loads(line)
+            if s.get("per_label"):
+                if taken.get(row["label"], 0) >= s["per_label"]:
+                    continue
+                taken[row["label"]] = taken.get(row["label"], 0) + 1
             have = set(row["label"].split(s["split"])) if s.get("split") else {row["label"]}
             labels = {}
             for qid, m in s["labels"].items():
