@@ -36,6 +36,31 @@ def model_dir(tiny_models):
     return tiny_models("llama")
 
 
+PACK_YAML = """\
+name: sms
+version: 1.0.0
+description: three yes/no questions about a text message
+preamble: "Is the text message spam?\\n"
+prompt: "Text message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this text message spam?
+  - id: asks_to_{action}
+    text: Does the message ask the reader to {action}?
+    vars: {action: [call, reply]}
+"""
+
+
+@pytest.fixture(scope="module")
+def pack_file(tmp_path_factory):
+    """A small pack of three questions (the tests fit their own calibrations of it)."""
+    path = tmp_path_factory.mktemp("packs") / "sms.yaml"
+    path.write_text(PACK_YAML)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def labelled(tmp_path_factory):
     """60 real SMS labelled on ``spam``; the first 30 also on ``asks_to_call`` (by a rule)."""
@@ -51,10 +76,10 @@ def labelled(tmp_path_factory):
     return path
 
 
-def _scored(model_dir, labelled, tmp_path, calibration: str = "none") -> dict[str, dict]:
+def _scored(pack_file, model_dir, labelled, tmp_path, calibration: str = "none") -> dict[str, dict]:
     """``score``'s records of the labelled rows, by id (the independent path to the numbers)."""
     out = tmp_path / f"scores-{abs(hash(calibration))}.jsonl"
-    _cli("score", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+    _cli("score", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
          "--calibration", calibration, "--no-progress")
     return {rec["id"]: rec for rec in map(orjson.loads, out.read_bytes().splitlines())}
 
@@ -88,13 +113,13 @@ def test_a_sub_pack_scores_its_questions_exactly_as_the_whole_pack(tiny_models, 
             assert p.scores[qid].model_dump() == w.scores[qid].model_dump()
 
 
-def test_evaluate_writes_exactly_the_report_contract(model_dir, labelled, tmp_path):
+def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, labelled, tmp_path):
     rep = tmp_path / "report.json"
-    r = _cli("evaluate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+    r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
              "--calibration", "none", "--no-progress")
     doc = orjson.loads(rep.read_bytes())
     assert set(doc) == {"pack", "model", "calibration", "questions"}
-    assert doc["pack"] == {"name": "spam", "version": load_pack("spam").version}
+    assert doc["pack"] == {"name": "sms", "version": "1.0.0"}
     assert doc["model"] == str(model_dir) and doc["calibration"] is None
     assert list(doc["questions"]) == ["spam", "asks_to_call"]
     for qid, n in (("spam", 60), ("asks_to_call", 30)):
@@ -106,13 +131,13 @@ def test_evaluate_writes_exactly_the_report_contract(model_dir, labelled, tmp_pa
     assert b"1 without labels skipped" in r.stderr
 
 
-def test_evaluate_metrics_equal_scikit_learn_on_the_scores_that_score_writes(model_dir, labelled, tmp_path):
+def test_evaluate_metrics_equal_scikit_learn_on_the_scores_that_score_writes(pack_file, model_dir, labelled, tmp_path):
     rep = tmp_path / "report.json"
-    _cli("evaluate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+    _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
          "--calibration", "none", "--no-progress")
     raw = orjson.loads(rep.read_bytes())["questions"][QID]["raw"]
     truth = _truth(labelled, QID)
-    y, p, answers = _arrays(_scored(model_dir, labelled, tmp_path), truth, "probability")
+    y, p, answers = _arrays(_scored(pack_file, model_dir, labelled, tmp_path), truth, "probability")
     assert raw["auc"] == pytest.approx(roc_auc_score(y == 0, p[:, 0]))
     assert raw["accuracy"] == pytest.approx(accuracy_score(y, answers))
     assert raw["macro_f1"] == pytest.approx(f1_score(y, answers, average="macro"))
@@ -122,21 +147,21 @@ def test_evaluate_metrics_equal_scikit_learn_on_the_scores_that_score_writes(mod
 
 
 @pytest.fixture(scope="module")
-def calibrated(model_dir, labelled, tmp_path_factory):
+def calibrated(pack_file, model_dir, labelled, tmp_path_factory):
     """``calibrate --method vector --target f1``: (CAL.json path, report, stderr)."""
     d = tmp_path_factory.mktemp("cal")
-    r = _cli("calibrate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled),
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
              "--output", str(d / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(d / "report.json"),
              "--plots", str(d / "plots"), "--cache", str(d / "cache"), "--no-progress")
     return d / "CAL.json", orjson.loads((d / "report.json").read_bytes()), r.stderr
 
 
-def test_calibrate_writes_a_calibration_of_the_labelled_questions_for_this_pack_and_model(calibrated, model_dir):
+def test_calibrate_writes_a_calibration_of_the_labelled_questions_for_this_pack_and_model(pack_file, calibrated, model_dir):
     path, doc, _ = calibrated
     c = cal.load(path)
     assert set(c.questions) == {"spam", "asks_to_call"}
     assert c.method == "vector" and c.target == "f1"
-    assert c.pack == cal.pack_identity(load_pack("spam"))
+    assert c.pack == cal.pack_identity(load_pack(pack_file))
     from spinf_stream.models.weights import resolve
 
     assert c.model.weights_sha256 == resolve(str(model_dir)).weights_sha256
@@ -145,10 +170,10 @@ def test_calibrate_writes_a_calibration_of_the_labelled_questions_for_this_pack_
     assert c.questions["spam"].threshold is not None  # f1 chose one
 
 
-def test_calibrate_reports_cross_validated_not_fitted_numbers(calibrated, model_dir, labelled, tmp_path):
+def test_calibrate_reports_cross_validated_not_fitted_numbers(pack_file, calibrated, model_dir, labelled, tmp_path):
     _, doc, _ = calibrated
     truth = _truth(labelled, QID)
-    y, p, _ = _arrays(_scored(model_dir, labelled, tmp_path), truth, "logprob")
+    y, p, _ = _arrays(_scored(pack_file, model_dir, labelled, tmp_path), truth, "logprob")
     cv = cal.cross_validate("vector", p, y, ("yes", "no"), "f1", folds=5)
     got = doc["questions"][QID]["calibrated"]
     assert got["log_loss"] == pytest.approx(log_loss(y, cv.probabilities))
@@ -164,10 +189,10 @@ def test_calibrate_writes_both_plots_per_question(calibrated):
     assert all((path.parent / "plots" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
-def test_scores_with_a_calibration_carry_calibrated_probabilities_and_answers(calibrated, model_dir, labelled, tmp_path):
+def test_scores_with_a_calibration_carry_calibrated_probabilities_and_answers(pack_file, calibrated, model_dir, labelled, tmp_path):
     path, _, _ = calibrated
     c = cal.load(path)
-    recs = _scored(model_dir, labelled, tmp_path, str(path))
+    recs = _scored(pack_file, model_dir, labelled, tmp_path, str(path))
     for rec in recs.values():
         assert rec["calibration"] == c.id
         for qid, q in rec["scores"].items():
@@ -182,14 +207,14 @@ def test_scores_with_a_calibration_carry_calibrated_probabilities_and_answers(ca
             assert q["answer"] == ("yes" if want[0] >= m.threshold else "no")
 
 
-def test_calibrated_records_validate_against_the_schemas(calibrated, model_dir, labelled, tmp_path):
+def test_calibrated_records_validate_against_the_schemas(pack_file, calibrated, model_dir, labelled, tmp_path):
     from spinf_stream.records import ScoreRecord
     from spinf_stream.stream.records import Source, StreamScoreRecord
 
     path, _, _ = calibrated
     score_schema = orjson.loads((REPO / "schemas" / "score.schema.json").read_bytes())
     stream_schema = orjson.loads((REPO / "schemas" / "stream_score.schema.json").read_bytes())
-    recs = list(_scored(model_dir, labelled, tmp_path, str(path)).values())
+    recs = list(_scored(pack_file, model_dir, labelled, tmp_path, str(path)).values())
     assert "calibrated" in recs[0]["scores"]["spam"]["choices"]["yes"]
     for rec in recs[:10]:
         jsonschema.validate(rec, score_schema)
@@ -198,38 +223,38 @@ def test_calibrated_records_validate_against_the_schemas(calibrated, model_dir, 
         jsonschema.validate(orjson.loads(orjson.dumps(stream.model_dump(mode="json"))), stream_schema)
 
 
-def test_evaluate_with_a_calibration_measures_the_calibrated_scores(calibrated, model_dir, labelled, tmp_path):
+def test_evaluate_with_a_calibration_measures_the_calibrated_scores(pack_file, calibrated, model_dir, labelled, tmp_path):
     path, _, _ = calibrated
     rep = tmp_path / "report.json"
-    _cli("evaluate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+    _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
          "--calibration", str(path), "--no-progress")
     doc = orjson.loads(rep.read_bytes())
     assert doc["calibration"] == cal.load(path).id
     truth = _truth(labelled, QID)
-    y, p, answers = _arrays(_scored(model_dir, labelled, tmp_path, str(path)), truth, "calibrated")
+    y, p, answers = _arrays(_scored(pack_file, model_dir, labelled, tmp_path, str(path)), truth, "calibrated")
     got = doc["questions"][QID]["calibrated"]
     assert got["log_loss"] == pytest.approx(log_loss(y, p))
     assert got["accuracy"] == pytest.approx(accuracy_score(y, answers))
     assert got["ece"] == pytest.approx(expected_calibration_error(y, p))
 
 
-def test_a_rerun_with_the_cache_scores_nothing_and_reports_the_same(calibrated, model_dir, labelled, tmp_path):
+def test_a_rerun_with_the_cache_scores_nothing_and_reports_the_same(pack_file, calibrated, model_dir, labelled, tmp_path):
     path, doc, first_stderr = calibrated
     assert b"scoring 60 of 60 rows" in first_stderr
     again = tmp_path / "again.json"
-    r = _cli("calibrate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled),
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
              "--output", str(tmp_path / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(again),
              "--cache", str(path.parent / "cache"), "--no-progress")
     assert b"scoring" not in r.stderr
     assert orjson.loads(again.read_bytes()) == doc
 
 
-def test_contextual_calibration_divides_out_the_content_free_inputs_for_every_question(model_dir, labelled, loaded, tmp_path):
+def test_contextual_calibration_divides_out_the_content_free_inputs_for_every_question(pack_file, model_dir, labelled, loaded, tmp_path):
     out = tmp_path / "CAL.json"
-    _cli("calibrate", "--pack", "spam", "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+    _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
          "--method", "contextual", "--no-progress")
     c = cal.load(out)
-    pack = load_pack("spam")
+    pack = load_pack(pack_file)
     assert set(c.questions) == {q.id for q in pack.expand()} and c.content_free == cal.CONTENT_FREE
     decoder, tok = loaded(model_dir)
     recs = Engine(decoder, tok, pack, "tiny").score([Message(f"cf{i}", {"text": s}) for i, s in enumerate(cal.CONTENT_FREE)])
@@ -246,13 +271,13 @@ def test_score_refuses_a_calibration_of_another_pack_with_exit_2(calibrated, mod
     r = _cli("score", "--pack", "sentiment", "--model", str(model_dir), "--input", str(inp), "--output", "-",
              "--calibration", str(path), check=False)
     assert r.returncode == 2
-    assert b"is for pack spam" in r.stderr and b"not sentiment" in r.stderr
+    assert b"is for pack sms" in r.stderr and b"not sentiment" in r.stderr
 
 
-def test_evaluate_refuses_labels_of_an_unknown_question_naming_the_row(model_dir, tmp_path):
+def test_evaluate_refuses_labels_of_an_unknown_question_naming_the_row(pack_file, model_dir, tmp_path):
     inp = tmp_path / "bad.jsonl"
     inp.write_text('{"id": "x1", "text": "hello", "labels": {"spamm": "yes"}}\n')
-    r = _cli("evaluate", "--pack", "spam", "--model", str(model_dir), "--input", str(inp), "--report",
+    r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(inp), "--report",
              str(tmp_path / "r.json"), check=False)
     assert r.returncode == 2
     assert b"line 1 (id 'x1'): labels.spamm: no question 'spamm'" in r.stderr

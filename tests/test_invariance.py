@@ -98,8 +98,8 @@ def test_a_calibration_changes_the_digest_only_through_the_calibrated_scores(tin
 def test_branches_spread_over_passes_give_identical_scores(tiny_engine_factory):
     """A budget smaller than one message's content + branches splits its questions over passes."""
     msgs = _messages("ag_news", 6)
-    whole = _bytes(tiny_engine_factory("spam", 16384).score(msgs))
-    e = tiny_engine_factory("spam", 1)  # every pass: the content and one branch
+    whole = _bytes(tiny_engine_factory("sentiment", 16384).score(msgs))
+    e = tiny_engine_factory("sentiment", 1)  # every pass: the content and one branch
     assert _bytes(e.score(msgs)) == whole
 
 

@@ -8,7 +8,7 @@ import pytest
 from spinf_stream.labelled import LabelledInputError, read_labelled
 from spinf_stream.packs import load_pack
 
-SPAM = load_pack("spam").expand()
+SPAM = load_pack("moderation").expand()  # has spam and asks_to_call
 
 
 def _write(tmp_path, text: str):
@@ -36,8 +36,8 @@ def test_rows_without_labels_are_skipped_and_counted(tmp_path):
 
 def test_an_unknown_question_is_an_error_naming_the_row_and_key(tmp_path):
     p = _write(tmp_path, '{"id": "a", "text": "x", "labels": {"spam": "no"}}\n'
-                         '{"id": "b", "text": "y", "labels": {"scam": "yes"}}\n')
-    with pytest.raises(LabelledInputError, match=r"line 2 \(id 'b'\): labels\.scam: no question 'scam' in the pack"):
+                         '{"id": "b", "text": "y", "labels": {"scams": "yes"}}\n')
+    with pytest.raises(LabelledInputError, match=r"line 2 \(id 'b'\): labels\.scams: no question 'scams' in the pack"):
         read_labelled(p, SPAM)
 
 
