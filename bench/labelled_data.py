@@ -6,6 +6,7 @@ data sets in ``../shared/data``.
 How a data set's labels answer a pack's questions lives beside the pack, in
 ``packs/<pack>/data.yaml``, not here::
 
+    target: recall=0.95             # optional: calibrate --target for the pack (bench/calibrate_packs.py)
     sets:
       - data: sms_spam              # a folder of ../shared/data (its dev.jsonl)
         rows: 1000                  # the first rows of dev.jsonl (a fixed pseudo-random order)
