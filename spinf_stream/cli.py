@@ -29,6 +29,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import UsageError
+from .labelled_commands import CalibrateCommand, EvaluateCommand
 from .offline import ScoreCommand
 from .stream.commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
 from .usage import argument_adder, explain, one_line, subcommands
@@ -44,6 +45,8 @@ USAGE_ERRORS = (
     ("spinf_stream.models", "UnsupportedModel"),
     ("spinf_stream.segment", "LayoutError"),
     ("spinf_stream.stream.broker", "BrokerError"),
+    ("spinf_stream.calibration", "CalibrationError"),
+    ("spinf_stream.labelled", "LabelledInputError"),
 )
 
 
@@ -58,6 +61,8 @@ class SpinfStream(BaseSettings):
         False, description="Print the version, the torch and triton versions and the GPUs torch sees, then exit."
     )
     score: CliSubCommand[ScoreCommand] = Field(description="score a JSON Lines file offline")
+    evaluate: CliSubCommand[EvaluateCommand] = Field(description="measure a pack on labelled rows (AUC, accuracy, ECE, ...)")
+    calibrate: CliSubCommand[CalibrateCommand] = Field(description="fit a pack's calibration on labelled rows")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")

@@ -171,6 +171,11 @@ class ScoringSettings(BaseSettings):
     )
     device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
     dtype: DType = Field("auto", description=DTYPE_HELP)
+    calibration: str = Field(
+        "auto",
+        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
+        json_schema_extra=plain("FILE|auto|none"),
+    )
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")

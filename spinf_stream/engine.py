@@ -11,11 +11,12 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .layout import preamble_pass
+from .messages import Message
 from .segment import LayoutError, PreparedMessage, Segmenter
 from .tokenizer import SpecialTokensInFields
 from .models import Decoder, load_decoder
@@ -25,16 +26,11 @@ from .packs import Pack, load_pack
 from .config import DEFAULT_TOKEN_BUDGET
 from .records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
 
+if TYPE_CHECKING:
+    from .calibration import Calibration
+
 #: dtype names written in records (``fp8`` is named by ``Engine.load``'s caller)
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-@dataclass(frozen=True)
-class Message:
-    """One input message: its ``id`` and the raw JSON values of its fields."""
-
-    id: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
@@ -64,16 +60,19 @@ class Engine:
         special_tokens_in_fields: ``"plain"`` (special-token text in message fields is plain
             text) or ``"parse"`` (the tokenizer's default: control tokens); ``None`` = the pack's
             ``special_tokens_in_fields`` (see :mod:`spinf_stream.tokenizer`).
+        calibration: per-question maps applied to every record (already checked against this
+            pack file and model, see ``spinf_stream.calibration.resolve``), or ``None``.
 
     Raises:
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
+        spinf_stream.calibration.CalibrationError: a calibration of other questions or choices.
         ValueError: a bad ``token_budget`` or ``special_tokens_in_fields``.
     """
 
     def __init__(
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
         token_budget: int = DEFAULT_TOKEN_BUDGET, special_tokens_in_fields: SpecialTokensInFields | None = None,
-        *, model_sha256: str | None = None, dtype_name: str | None = None,
+        *, model_sha256: str | None = None, dtype_name: str | None = None, calibration: Calibration | None = None,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
@@ -90,6 +89,9 @@ class Engine:
         self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions, special_tokens_in_fields)
         self.questions = self.segmenter.questions
         self.preamble_len = len(self.segmenter.preamble_ids)
+        # Maps fixed once per pack and model: applying them is a few flops per choice.
+        self.calibration = calibration
+        self._maps = calibration.bind(self.questions) if calibration else [None] * len(self.questions)
         self.prefix: LayerKV | None = self._prefill_preamble()
         self.last_run = RunStats()  # of the latest run(); read by the stream's telemetry
 
@@ -98,6 +100,7 @@ class Engine:
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
         dtype: torch.dtype | str = torch.float32, device: str = "cpu", kernels: str | None = None,
         special_tokens_in_fields: SpecialTokensInFields | None = None,
+        calibration: str | Path | Calibration | None = "auto",
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
@@ -107,13 +110,17 @@ class Engine:
         ``cuda:N``) — check both first with :func:`spinf_stream.device.choose`; ``kernels``: the
         back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS=triton``).
         ``special_tokens_in_fields`` overrides the pack's (``None``: keep it); see :class:`Engine`.
+        ``calibration``: ``"auto"`` (the pack's shipped calibration for this model, if any),
+        ``"none"``/``None``, a calibration file, or a :class:`~spinf_stream.calibration.Calibration`.
 
         Raises:
-            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError;
+            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError,
+            spinf_stream.calibration.CalibrationError;
             ValueError: a kernel back end that cannot run on ``device``.
         """
         from transformers import AutoTokenizer
 
+        from . import calibration as cal
         from .models.weights import resolve
 
         if isinstance(dtype, str) and dtype != "fp8":
@@ -123,11 +130,13 @@ class Engine:
             dtype = by_name[dtype]
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
+        chosen = cal.resolve(calibration, pk, resolved)  # before the weights: a wrong file fails fast
         decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
         return cls(
             decoder, tokenizer, pk, resolved.name, token_budget, special_tokens_in_fields,
             model_sha256=resolved.weights_sha256, dtype_name="fp8" if dtype == "fp8" else None,
+            calibration=chosen,
         )
 
     @property
@@ -214,19 +223,22 @@ class Engine:
         for qi, q in enumerate(self.questions):
             lps = sums[qi]
             cs = choice_scores(lps)
-            best = max(range(len(cs)), key=lambda j: cs[j][0])
-            scores[q.id] = {
-                "answer": q.choices[best],
-                "choices": {
-                    label: {"probability": pr, "logprob": lp, "floor": fl}
-                    for label, (pr, lp, fl) in zip(q.choices, cs)
-                },
-            }
+            choices = {label: {"probability": pr, "logprob": lp, "floor": fl} for label, (pr, lp, fl) in zip(q.choices, cs)}
+            qmap = self._maps[qi]
+            if qmap is None:
+                best = max(range(len(cs)), key=lambda j: cs[j][0])
+            else:
+                calibrated = qmap.probabilities(lps)
+                for label, c in zip(q.choices, calibrated):
+                    choices[label]["calibrated"] = c
+                best = qmap.answer(calibrated)
+            scores[q.id] = {"answer": q.choices[best], "choices": choices}
         return ScoreRecord(
             id=p.id,
             pack=PackRef(name=self.pack.name, version=self.pack.version),
             model=self.model_info,
             scores=scores,
+            calibration=self.calibration.id if self.calibration else None,
             digest=digest(scores),
         )
 

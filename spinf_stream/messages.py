@@ -24,8 +24,8 @@ line), ``invalid_utf8``, ``invalid_json``, ``not_an_object``, ``wrong_type`` / `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -36,6 +36,14 @@ __all__ = ["BOM", "Decoded", "InputFormat", "Rejection", "decode", "json_type_na
 
 BOM = b"\xef\xbb\xbf"
 InputFormat = Literal["json", "text"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One input message: its ``id`` and the raw JSON values of its fields."""
+
+    id: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -300,6 +300,11 @@ class ScoreCommand(BaseSettings):
     token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
     device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
     dtype: DType = Field("auto", description=DTYPE_HELP)
+    calibration: str = Field(
+        default="auto",
+        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
+        json_schema_extra=plain("FILE|auto|none"),
+    )
     input_format: InputFormat = Field(
         "json",
         description="json: each line is a JSON object with the pack's fields (and an optional id); text: each line is the text of the pack's one field.",
@@ -324,6 +329,7 @@ class ScoreCommand(BaseSettings):
         text_field = pack.fields[0]
         preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
         preflight.check_output_file(self.output, "--output", "SPINF_OUTPUT", input_path=self.input)
+        preflight.check_calibration(self.calibration, pack)
         preflight.check_model_reference(self.model)
         placement = choose(self.device, self.dtype)
 
@@ -331,7 +337,7 @@ class ScoreCommand(BaseSettings):
 
         engine = Engine.load(
             self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device,
-            special_tokens_in_fields=self.special_tokens_in_fields,
+            special_tokens_in_fields=self.special_tokens_in_fields, calibration=self.calibration,
         )
         info = engine.model_info
         log.info("model %s (sha256 %s) on %s in %s, kernels %s", info.name, info.sha256, placement.device, info.dtype, info.kernels)

@@ -12,7 +12,7 @@ from .errors import UsageError
 from .messages import InputFormat, text_field
 from .packs import Pack, load_pack
 
-__all__ = ["check_input_file", "check_model_reference", "check_output_file", "check_pack"]
+__all__ = ["check_calibration", "check_input_file", "check_model_reference", "check_output_file", "check_pack"]
 
 
 def check_pack(ref: str, input_format: InputFormat = "json") -> Pack:
@@ -88,3 +88,19 @@ def check_output_file(path: str | Path, flag: str, env: str, *, input_path: str 
         raise UsageError(f"{flag} {path} ({env}): cannot be written: {e.strerror or e}") from None
     if not existed:
         p.unlink(missing_ok=True)  # leave no empty file behind if a later check fails
+
+
+def check_calibration(ref: str, pack: Pack, flag: str = "--calibration", env: str = "SPINF_CALIBRATION") -> None:
+    """``--calibration``: ``auto``, ``none``, or a readable calibration file made for this pack file
+    (whether it was made for the model's weights is checked when the model resolves).
+
+    Raises:
+        UsageError: the file does not exist or is a directory.
+        spinf_stream.calibration.CalibrationError: not a calibration file, or one for another pack.
+    """
+    if ref in ("auto", "none"):
+        return
+    check_input_file(ref, flag, env)
+    from . import calibration
+
+    calibration.check(calibration.load(ref), calibration.pack_identity(pack), None)

@@ -7,10 +7,16 @@ these models (``python -m spinf_stream.schemas`` rewrites them; a test keeps the
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+
+def _optional(schema: dict[str, Any]) -> None:
+    """An optional field is absent, never null: its schema has no ``default``."""
+    schema.pop("default", None)
 
 
 class PackRef(BaseModel):
@@ -46,17 +52,28 @@ class ChoiceScore(BaseModel):
     ``logprob``: sum over the choice's tokens of the full-vocabulary log-probability (natural log)
     of each token given everything before it. ``floor`` = ``exp(logprob)``, the unnormalised
     probability mass (a lower bound on the model's belief). ``probability`` = softmax of the
-    question's choice logprobs (sums to 1 over the question's choices).
+    question's choice logprobs (sums to 1 over the question's choices). ``calibrated``: the
+    probability after the record's calibration (present only when one applies to the question;
+    see ``spinf_stream.calibration``).
     """
 
     model_config = ConfigDict(extra="forbid")
     probability: float = Field(ge=0.0, le=1.0)
     logprob: float = Field(le=0.0)
     floor: float = Field(ge=0.0, le=1.0)
+    calibrated: Annotated[float, Field(ge=0.0, le=1.0)] | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
+        description="Probability after calibration (sums to 1 over the question's choices); absent without one.",
+    )
 
 
 class QuestionScore(BaseModel):
-    """Scores of one question: the most probable label and every choice's numbers."""
+    """Scores of one question: the answer and every choice's numbers.
+
+    ``answer`` is the most probable choice, or with a calibration the most probable by
+    ``calibrated`` (or, for a binary question with a threshold, the first choice iff its
+    calibrated probability reaches the threshold).
+    """
 
     model_config = ConfigDict(extra="forbid")
     answer: str
@@ -71,6 +88,10 @@ class ScoreRecord(BaseModel):
     pack: PackRef
     model: ModelRef
     scores: dict[str, QuestionScore]
+    calibration: str | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
+        description="Id of the calibration applied (see spinf_stream.calibration); absent without one.",
+    )
     digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the canonical score bytes, see records.digest")
 
 

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from conftest import REPO, dataset
 
+from spinf_stream import calibration as cal
 from spinf_stream.engine import Engine, Message
 from spinf_stream.packs import load_pack
 from spinf_stream.records import digest
@@ -28,10 +29,23 @@ def _bytes(records) -> dict[str, bytes]:
 def tiny_engine_factory(request, tiny_models, loaded):
     decoder, tok = loaded(tiny_models(request.param))
 
-    def make(pack: str, budget: int) -> Engine:
-        return Engine(decoder, tok, load_pack(pack), request.param, token_budget=budget)
+    def make(pack: str, budget: int, calibration: cal.Calibration | None = None) -> Engine:
+        return Engine(decoder, tok, load_pack(pack), request.param, token_budget=budget, calibration=calibration)
 
     return make
+
+
+def _calibration(pack: str) -> cal.Calibration:
+    """A calibration of every question of ``pack`` (arbitrary but fixed maps, thresholds on binary ones)."""
+    p = load_pack(pack)
+    maps = {}
+    for i, q in enumerate(p.expand()):
+        k = len(q.choices)
+        maps[q.id] = cal.QuestionCalibration(
+            choices=q.choices, scale=tuple(0.7 + 0.1 * j for j in range(k)), bias=tuple(0.3 * (j - i) for j in range(k)),
+            threshold=0.37 if k == 2 else None,
+        )
+    return cal.build(p, cal.ModelIdentity(name="tiny", weights_sha256="0" * 64), "vector", "accuracy", maps)
 
 
 @pytest.mark.parametrize(("pack", "data"), [("spam", "sms_spam"), ("news_topics", "ag_news")])
@@ -48,11 +62,44 @@ def test_scores_identical_alone_shuffled_and_across_budgets(tiny_engine_factory,
         assert got == alone, f"budget {budget}: {sum(got[k] != alone[k] for k in got)} records differ"
 
 
+@pytest.mark.parametrize(("pack", "data"), [("spam", "sms_spam"), ("news_topics", "ag_news")])
+def test_calibrated_scores_identical_alone_shuffled_and_across_budgets(tiny_engine_factory, pack, data):
+    msgs = _messages(data, 24)
+    calibration = _calibration(pack)
+    alone = {}
+    e = tiny_engine_factory(pack, 16384, calibration)
+    for m in msgs:
+        alone.update(_bytes(e.score([m])))
+    first = orjson.loads(next(iter(alone.values())))
+    assert first["calibration"] == calibration.id
+    assert all("calibrated" in c for q in first["scores"].values() for c in q["choices"].values())
+    for budget in (1024, 4096, 16384):
+        shuffled = msgs[:]
+        random.Random(budget).shuffle(shuffled)
+        got = _bytes(tiny_engine_factory(pack, budget, calibration).score(shuffled))
+        assert got == alone, f"budget {budget}: {sum(got[k] != alone[k] for k in got)} records differ"
+    spread = _bytes(tiny_engine_factory(pack, 1, calibration).score(msgs[:4]))
+    assert spread == {m.id: alone[m.id] for m in msgs[:4]}
+
+
+def test_a_calibration_changes_the_digest_only_through_the_calibrated_scores(tiny_engine_factory):
+    msgs = _messages("sms_spam", 3)
+    raw = tiny_engine_factory("spam", 16384).score(msgs)
+    calibrated = tiny_engine_factory("spam", 16384, _calibration("spam")).score(msgs)
+    for r, c in zip(raw, calibrated):
+        plain = orjson.loads(orjson.dumps(c.model_dump()))
+        assert c.digest == digest(plain["scores"]) != r.digest
+        for qid, q in plain["scores"].items():  # the raw numbers are untouched
+            for label, ch in q["choices"].items():
+                raw_ch = r.scores[qid].choices[label]
+                assert (ch["probability"], ch["logprob"], ch["floor"]) == (raw_ch.probability, raw_ch.logprob, raw_ch.floor)
+
+
 def test_branches_spread_over_passes_give_identical_scores(tiny_engine_factory):
     """A budget smaller than one message's content + branches splits its questions over passes."""
     msgs = _messages("ag_news", 6)
-    whole = _bytes(tiny_engine_factory("spam", 16384).score(msgs))
-    e = tiny_engine_factory("spam", 1)  # every pass: the content and one branch
+    whole = _bytes(tiny_engine_factory("sentiment", 16384).score(msgs))
+    e = tiny_engine_factory("sentiment", 1)  # every pass: the content and one branch
     assert _bytes(e.score(msgs)) == whole
 
 

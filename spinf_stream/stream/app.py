@@ -86,10 +86,11 @@ def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
     """What ``run`` and ``dev`` can check in milliseconds: the pack (and that ``--input-format
     text`` has one field to fill) and, with ``model``, the model reference (that imports torch,
     so it comes after the broker checks). Raises ``UsageError``, ``PackError``,
-    ``ModelNotInstalled`` or ``ModelLoadError``."""
-    from spinf_stream.preflight import check_model_reference, check_pack
+    ``CalibrationError``, ``ModelNotInstalled`` or ``ModelLoadError``."""
+    from spinf_stream.preflight import check_calibration, check_model_reference, check_pack
 
-    check_pack(settings.pack, settings.input_format)
+    pack = check_pack(settings.pack, settings.input_format)
+    check_calibration(settings.calibration, pack)
     if model:
         check_model_reference(settings.model)
 
@@ -127,12 +128,13 @@ def load_engine(settings: ScoringSettings) -> Any:
     engine = Engine.load(
         model=settings.model, pack=settings.pack, token_budget=settings.token_budget,
         device=placement.device, dtype=placement.dtype,
-        special_tokens_in_fields=settings.special_tokens_in_fields,
+        special_tokens_in_fields=settings.special_tokens_in_fields, calibration=settings.calibration,
     )
     info = engine.model_info
     log.info(
-        "model %s (weights sha256 %s) on %s in %s, kernels %s",
+        "model %s (weights sha256 %s) on %s in %s, kernels %s; calibration %s",
         info.name, info.sha256, placement.device, info.dtype, info.kernels,
+        engine.calibration.id if engine.calibration else "none",
     )
     return engine
 

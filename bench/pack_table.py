@@ -1,0 +1,95 @@
+"""Print the pack quality table of ``packs/README.md`` from the committed calibrate reports.
+
+    python bench/pack_table.py [--check] [packs/*/reports/*.json]
+
+Each report is the ``--report`` of ``spinf-stream calibrate`` (raw metrics on every labelled row,
+calibrated metrics k-fold cross-validated). The data set column comes from the pack's
+``data.yaml``. ``--check`` also lists every labelled question where the default model misses
+the quality bar (:func:`quality_bar`) and exits 1 if there is one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
+
+
+def data_sets(pack: str) -> dict[str, list[str]]:
+    """question id → the data sets that label it (from ``packs/<pack>/data.yaml``)."""
+    doc = yaml.safe_load((REPO / "packs" / pack / "data.yaml").read_text(encoding="utf-8"))
+    out: dict[str, list[str]] = {}
+    for s in doc["sets"]:
+        for qid in s["labels"]:
+            out.setdefault(qid, []).append(s["data"])
+    return out
+
+
+def _f(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def rows(paths: list[Path]) -> list[str]:
+    docs = [orjson.loads(p.read_bytes()) for p in paths]
+    docs.sort(key=lambda d: (d["pack"]["name"], MODELS.index(d["model"]) if d["model"] in MODELS else 9))
+    out = [
+        "| pack | question | data set | rows | model | method | AUC | accuracy raw → cal | macro-F1 raw → cal "
+        "| ECE raw → cal | log loss raw → cal | majority acc | prior log loss |",
+        "|---|---|---|---:|---|---|---:|---|---|---|---|---:|---:|",
+    ]
+    for d in docs:
+        pack = d["pack"]["name"]
+        sets = data_sets(pack)
+        method = d["calibration"].split("/")[1] if d["calibration"] else "–"
+        for qid, q in d["questions"].items():
+            r, c, b = q["raw"], q["calibrated"] or {}, q["baseline"]
+            out.append(
+                f"| {pack} | {qid} | {', '.join(sets.get(qid, ['?']))} | {q['n']} | {d['model']} | {method} "
+                f"| {_f(r['auc'])} | {_f(r['accuracy'])} → {_f(c.get('accuracy'))} "
+                f"| {_f(r['macro_f1'])} → {_f(c.get('macro_f1'))} | {_f(r['ece'])} → {_f(c.get('ece'))} "
+                f"| {_f(r['log_loss'])} → {_f(c.get('log_loss'))} | {_f(b['accuracy'])} | {_f(b['log_loss'])} |"
+            )
+    return out
+
+
+def quality_bar(doc: dict) -> list[str]:
+    """What a cross-validated calibrate report misses of the bar every shipped pack meets for the
+    default model: per labelled question ECE <= 0.05, log loss below the raw one and the class
+    prior's, accuracy at least the majority baseline and above it where the AUC is >= 0.8."""
+    misses = []
+    for qid, q in doc["questions"].items():
+        c, r, b = q["calibrated"], q["raw"], q["baseline"]
+        where = f"{doc['pack']['name']}.{qid} ({doc['model']})"
+        if c is None:
+            misses.append(f"{where}: no calibrated numbers")
+            continue
+        if c["ece"] > 0.05:
+            misses.append(f"{where}: ECE {c['ece']:.3f} > 0.05")
+        if not c["log_loss"] < min(r["log_loss"], b["log_loss"]):
+            misses.append(f"{where}: log loss {c['log_loss']:.4f} not below raw {r['log_loss']:.4f} and prior {b['log_loss']:.4f}")
+        if c["accuracy"] < b["accuracy"]:
+            misses.append(f"{where}: accuracy {c['accuracy']:.3f} below the majority's {b['accuracy']:.3f}")
+        if r["auc"] is not None and r["auc"] >= 0.8 and not c["accuracy"] > b["accuracy"]:
+            misses.append(f"{where}: AUC {r['auc']:.3f} but accuracy {c['accuracy']:.3f} not above the majority's {b['accuracy']:.3f}")
+    return misses
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    check = "--check" in args
+    paths = [Path(a) for a in args if a != "--check"] or sorted(REPO.glob("packs/*/reports/*.json"))
+    print("\n".join(rows(paths)))
+    if check:
+        misses = [m for p in paths for m in quality_bar(orjson.loads(p.read_bytes())) if MODELS[0] in m]
+        print("\n".join(misses) or "every labelled question of the default model meets the bar", file=sys.stderr)
+        return 1 if misses else 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,315 @@
+"""``spinf-stream evaluate`` and ``spinf-stream calibrate``: the pack author's loop on labelled
+rows (``spinf_stream.labelled``) — measure a pack, fit its calibration, measure it again.
+
+Only the labelled questions are scored: a question's scores do not depend on the pack's other
+questions (each question is its own branch after the message; the prompt of message *m* and
+question *q* is ``preamble + prompt(m) + question(q)`` whatever else the pack asks), so each row
+is scored with a sub-pack of the questions it labels, which gives the same numbers for a fraction
+of the compute. ``--cache DIR`` keeps every (row, question)'s raw logprobs, keyed by the model's
+weights and everything that defines the prompt, so refitting and replotting never rescore.
+
+Report (``--report``), exactly::
+
+    {"pack": {"name", "version"}, "model": "<name>", "calibration": "<id>" | null,
+     "questions": {"<id>": {"n": rows,
+                            "raw": {metric: value}, "calibrated": {metric: value} | null,
+                            "baseline": {"accuracy": ..., "log_loss": ...}}}}
+
+with the metrics of :func:`spinf_stream.metrics.question_metrics`. ``evaluate`` applies a fixed
+calibration to every row; ``calibrate`` reports k-fold cross-validated numbers (each row's
+calibrated probabilities come from a map fitted on the other folds), never fit-on-test ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from . import calibration as cal
+from .config import DEFAULT_TOKEN_BUDGET
+from .labelled import LabelledRow, LabelledSet, read_labelled
+from .messages import Message
+from .metrics import baseline, clean, question_metrics, softmax
+from .packs import ExpandedQuestion, Pack
+from .segment import PreparedMessage
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+#: rows handed to the engine at a time (paces the progress bar and the cache's appends)
+CHUNK_ROWS = 64
+
+
+# --------------------------------------------------------------------------------- sub-packs
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def sub_pack(pack: Pack, question_ids: Sequence[str]) -> Pack:
+    """``pack`` with only the (expanded) questions ``question_ids``, in pack order.
+
+    Its prompts are exactly the full pack's for those questions (same preamble, prompt, question
+    template, answer prefix, question texts and choices), so it scores them identically.
+    Raises ``KeyError`` naming an unknown question id.
+    """
+    by_id = {q.id: q for q in pack.expand()}
+    for qid in question_ids:
+        if qid not in by_id:
+            raise KeyError(f"no question {qid!r} in pack {pack.name!r}")
+    wanted = set(question_ids)
+    data = pack.model_dump(mode="json")
+    data["questions"] = [
+        {"id": _escape(q.id), "text": _escape(q.text), "choices": list(q.choices)}
+        for q in pack.expand() if q.id in wanted
+    ]
+    return Pack.model_validate(data)
+
+
+# ------------------------------------------------------------------------------ logprob cache
+
+
+class LogprobCache:
+    """Raw choice logprobs per (row, question) for one model, optionally kept in ``directory``.
+
+    One append-only JSON Lines file per model (``<name>-<weights sha256[:16]>-<dtype>-<device>.jsonl``),
+    each line ``{"k": key, "lp": [logprob per choice]}``; the key hashes everything that defines
+    the prompt (preamble, prompt template, question template and text, answer prefix, choices,
+    the message's fields), so an edited pack or message is simply scored again.
+    """
+
+    def __init__(self, directory: str | Path | None, model_key: str) -> None:
+        self.entries: dict[str, list[float]] = {}
+        self.path: Path | None = None
+        if directory is not None:
+            self.path = Path(directory) / f"{model_key}.jsonl"
+            if self.path.is_file():
+                for line in self.path.read_bytes().splitlines():
+                    try:
+                        e = orjson.loads(line)
+                        self.entries[e["k"]] = e["lp"]
+                    except (orjson.JSONDecodeError, KeyError, TypeError):
+                        continue  # a line cut by a killed run: score that row again
+
+    @staticmethod
+    def key(pack: Pack, question: ExpandedQuestion, fields: dict[str, Any]) -> str:
+        parts = [pack.preamble, pack.prompt, pack.render_question(question), pack.answer_prefix, list(question.choices),
+                 [fields.get(f) for f in pack.fields]]
+        return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
+
+    def get(self, key: str) -> list[float] | None:
+        return self.entries.get(key)
+
+    def put(self, items: Sequence[tuple[str, list[float]]]) -> None:
+        for k, lp in items:
+            self.entries[k] = lp
+        if self.path is not None and items:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab") as f:
+                f.write(b"".join(orjson.dumps({"k": k, "lp": lp}) + b"\n" for k, lp in items))
+
+
+# ------------------------------------------------------------------------------------- scoring
+
+
+class ModelHandle:
+    """A model reference, resolved at once and loaded only when something must be scored.
+
+    ``dtype``/``device``: as chosen by :func:`spinf_stream.device.choose` (``float32``,
+    ``bfloat16``, ``float16`` or ``fp8``; ``cpu``, ``cuda``, ``cuda:N``). The raw logprobs are
+    cached per model weights, dtype and device (``cache_key``).
+    """
+
+    def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> None:
+        from .models.weights import resolve
+
+        self.ref, self.dtype, self.device, self.kernels = model, dtype, device, kernels
+        self.resolved = resolve(model)
+        self._identity: cal.ModelIdentity | None = None
+        self._loaded: tuple[Any, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.resolved.name
+
+    @property
+    def identity(self) -> cal.ModelIdentity:
+        if self._identity is None:
+            self._identity = cal.model_identity(self.resolved)
+        return self._identity
+
+    def cache_key(self) -> str:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(self.name).name)
+        return f"{safe}-{self.identity.weights_sha256[:16]}-{self.dtype}-{self.device.split(':')[0]}"
+
+    def engine(self, pack: Pack, token_budget: int) -> Engine:
+        """An engine for ``pack`` without calibration (raw numbers), sharing the loaded weights."""
+        from .engine import DTYPE_NAMES, Engine
+
+        if self._loaded is None:
+            from transformers import AutoTokenizer
+
+            from .models import load_decoder
+
+            by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
+            dtype = self.dtype if self.dtype == "fp8" else by_name[self.dtype]
+            decoder = load_decoder(self.resolved.path, dtype=dtype, device=self.device, kernels=self.kernels)
+            self._loaded = (decoder, AutoTokenizer.from_pretrained(str(self.resolved.path)))
+        decoder, tokenizer = self._loaded
+        return Engine(
+            decoder, tokenizer, pack, self.name, token_budget,
+            model_sha256=self.resolved.weights_sha256, dtype_name="fp8" if self.dtype == "fp8" else None,
+        )
+
+
+@dataclass(frozen=True)
+class QuestionData:
+    """One labelled question's rows: raw choice logprobs float64 ``[n, k]``, the right choice's
+    index int ``[n]``, and the rows' ids."""
+
+    question: ExpandedQuestion
+    logprobs: np.ndarray
+    y: np.ndarray
+    ids: tuple[str, ...]
+
+
+def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow], cache: LogprobCache, *,
+                   token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True) -> tuple[dict[str, QuestionData], dict[int, str]]:
+    """Raw logprobs of every labelled (row, question), from the cache or the engine.
+
+    Rows are grouped by the questions they still need and each group is scored with the sub-pack
+    of those questions. Returns the questions' data (pack order; only questions some row labels)
+    and the rows the engine refused (line → ``"kind: message"``), which are left out.
+    """
+    from tqdm import tqdm
+
+    questions = {q.id: q for q in pack.expand()}
+    order = {qid: i for i, qid in enumerate(questions)}
+    keys = {(r.line, qid): cache.key(pack, questions[qid], dict(r.message.fields)) for r in rows for qid in r.labels}
+    groups: dict[tuple[str, ...], list[LabelledRow]] = {}
+    for r in rows:
+        missing = tuple(sorted((q for q in r.labels if cache.get(keys[r.line, q]) is None), key=order.__getitem__))
+        if missing:
+            groups.setdefault(missing, []).append(r)
+    failed: dict[int, str] = {}
+    total = sum(len(g) for g in groups.values())
+    if total:
+        log.info("scoring %d of %d rows with %s (%d cached)", total, len(rows), handle.name, len(rows) - total)
+    with tqdm(total=total, unit="row", disable=not progress or total == 0, file=sys.stderr) as bar:
+        for qids, group in groups.items():
+            engine = handle.engine(sub_pack(pack, qids), token_budget)
+            for start in range(0, len(group), CHUNK_ROWS):
+                chunk = group[start:start + CHUNK_ROWS]
+                items = engine.prepare([r.message for r in chunk])
+                ok = [(r, it) for r, it in zip(chunk, items) if isinstance(it, PreparedMessage)]
+                for r, it in zip(chunk, items):
+                    if not isinstance(it, PreparedMessage):
+                        failed[r.line] = f"{it.error.kind}: {it.error.message}"
+                records = engine.run([it for _, it in ok])
+                entries = []
+                for (r, _), rec in zip(ok, records):
+                    for qid in qids:
+                        lp = [rec.scores[qid].choices[c].logprob for c in questions[qid].choices]
+                        entries.append((keys[r.line, qid], lp))
+                cache.put(entries)
+                bar.update(len(chunk))
+    out: dict[str, QuestionData] = {}
+    for qid, q in questions.items():
+        labelled = [r for r in rows if qid in r.labels and r.line not in failed]
+        if labelled:
+            out[qid] = QuestionData(
+                q,
+                np.array([cache.get(keys[r.line, qid]) for r in labelled], dtype=np.float64),
+                np.array([r.labels[qid] for r in labelled], dtype=int),
+                tuple(r.message.id for r in labelled),
+            )
+    return out, failed
+
+
+def content_free_logprobs(handle: ModelHandle, pack: Pack, inputs: Sequence[str], token_budget: int) -> dict[str, np.ndarray]:
+    """Every question's choice logprobs ``[len(inputs), k]`` for the content-free messages (each of
+    the pack's fields set to one of ``inputs``), scored once with the whole pack."""
+    engine = handle.engine(pack, token_budget)
+    msgs = [Message(id=f"content-free-{i}", fields={f: s for f in pack.fields}) for i, s in enumerate(inputs)]
+    records = engine.score(msgs)
+    out: dict[str, list[list[float]]] = {q.id: [] for q in engine.questions}
+    for rec in records:
+        if not hasattr(rec, "scores"):
+            raise ValueError(f"content-free input could not be scored: {rec.error.kind}: {rec.error.message}")
+        for q in engine.questions:
+            out[q.id].append([rec.scores[q.id].choices[c].logprob for c in q.choices])
+    return {qid: np.array(v, dtype=np.float64) for qid, v in out.items()}
+
+
+# --------------------------------------------------------------------------------------- report
+
+
+def _metrics(y: np.ndarray, probabilities: np.ndarray, answers: np.ndarray) -> dict[str, float | None]:
+    return {k: clean(v) for k, v in question_metrics(y, probabilities, answers).items()}
+
+
+def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray] | None) -> dict[str, Any]:
+    """``{"n", "raw", "calibrated", "baseline"}`` of one question; ``calibrated`` is
+    ``(probabilities, answers)`` or ``None``."""
+    raw_p = softmax(data.logprobs)
+    return {
+        "n": int(len(data.y)),
+        "raw": _metrics(data.y, raw_p, raw_p.argmax(axis=1)),
+        "calibrated": _metrics(data.y, *calibrated) if calibrated is not None else None,
+        "baseline": baseline(data.y, raw_p.shape[1]),
+    }
+
+
+def report(pack: Pack, model_name: str, calibration_id: str | None, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report document (see the module docstring)."""
+    return {
+        "pack": {"name": pack.name, "version": pack.version},
+        "model": model_name,
+        "calibration": calibration_id,
+        "questions": questions,
+    }
+
+
+def write_json(path: str | Path, doc: Any) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def summary(doc: dict[str, Any]) -> str:
+    def f(x: float | None) -> str:
+        return "  n/a" if x is None else f"{x:.3f}"
+
+    lines = [f"{'question':<28} {'n':>5} {'auc':>6} {'acc raw→cal':>13} {'ece raw→cal':>13} {'logloss raw→cal':>16} "
+             f"{'majority':>8} {'prior ll':>8}"]
+    for qid, q in doc["questions"].items():
+        c = q["calibrated"] or {}
+        lines.append(
+            f"{qid[:28]:<28} {q['n']:>5} {f(q['raw']['auc']):>6} {f(q['raw']['accuracy'])}→{f(c.get('accuracy'))}"
+            f" {f(q['raw']['ece'])}→{f(c.get('ece'))}  {f(q['raw']['log_loss'])}→{f(c.get('log_loss'))}"
+            f" {f(q['baseline']['accuracy']):>8} {f(q['baseline']['log_loss']):>8}"
+        )
+    return "\n".join(lines)
+
+
+def read_rows(pack: Pack, path: str) -> LabelledSet:
+    data = read_labelled(path, pack.expand())
+    print(f"{path}: {len(data.rows)} labelled rows; {data.skipped_unlabelled} without labels skipped", file=sys.stderr)
+    return data
+
+
+def report_failed(failed: dict[int, str]) -> None:
+    if failed:
+        first = ", ".join(f"line {n} ({why})" for n, why in list(sorted(failed.items()))[:3])
+        print(f"{len(failed)} rows could not be scored and are left out: {first}", file=sys.stderr)

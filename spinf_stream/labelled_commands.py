@@ -1,0 +1,195 @@
+"""``spinf-stream evaluate`` and ``spinf-stream calibrate``: the command lines of the pack author's
+loop (the work is in :mod:`spinf_stream.evaluation`). Importing this module is cheap (no torch,
+no scikit-learn): the CLI builds its parser from it and checks the pack, the files and the model
+reference before anything slow is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings
+
+from . import calibration as cal
+from .config import (
+    DEFAULT_MODEL,
+    DEFAULT_TOKEN_BUDGET,
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    DTYPE_HELP,
+    DType,
+    plain,
+    settings_config,
+)
+from .packs import Pack
+
+if TYPE_CHECKING:
+    from .evaluation import ModelHandle, QuestionData
+
+
+class _Common(BaseSettings):
+    model_config = settings_config()
+
+    pack: str = Field(
+        description="Prompt pack: a pack file (packs/spam.yaml) or the name of a shipped pack (spam).",
+        json_schema_extra=plain("NAME|FILE"),
+    )
+    model: str = Field(
+        default=DEFAULT_MODEL,
+        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
+        json_schema_extra=plain("NAME|PATH"),
+    )
+    input: str = Field(
+        description='Labelled JSON Lines: the message\'s fields plus "labels": {question id: choice label}.',
+        json_schema_extra=plain("FILE"),
+    )
+    report: str | None = Field(default=None, description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))
+    plots: str | None = Field(
+        default=None, description="Write a reliability diagram and a score histogram per question (PNG) into this folder.",
+        json_schema_extra=plain("DIR"),
+    )
+    cache: str | None = Field(
+        default=None, description="Folder that keeps raw logprobs per (row, question), so a rerun never rescores them.",
+        json_schema_extra=plain("DIR"),
+    )
+    token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
+    dtype: DType = Field("auto", description=DTYPE_HELP)
+    progress: bool = Field(default=True, description="Progress bar on stderr.")
+
+    def _preflight(self) -> tuple[Pack, ModelHandle]:
+        """Pack, input and model reference checked in milliseconds, then the model resolved."""
+        from . import preflight
+        from .device import choose
+        from .evaluation import ModelHandle
+
+        pack = preflight.check_pack(self.pack)
+        preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
+        preflight.check_calibration(getattr(self, "calibration", "none"), pack)
+        preflight.check_model_reference(self.model)
+        placement = choose(self.device, self.dtype)
+        return pack, ModelHandle(self.model, placement.dtype, placement.device)
+
+    def _score(self, pack: Pack, handle: ModelHandle) -> dict[str, QuestionData]:
+        from .evaluation import LogprobCache, read_rows, report_failed, score_labelled
+
+        data = read_rows(pack, self.input)
+        cache = LogprobCache(self.cache, handle.cache_key())
+        questions, failed = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress)
+        report_failed(failed)
+        if not questions:
+            raise cal.CalibrationError(f"{self.input}: no labelled row could be scored")
+        return questions
+
+
+class EvaluateCommand(_Common):
+    """Measure a pack on labelled rows: per labelled question AUC, accuracy, macro-F1, log loss,
+    Brier and ECE, raw and with the calibration, against the majority baseline."""
+
+    report: str = Field(description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))  # type: ignore[assignment]
+    calibration: str = Field(
+        default="auto",
+        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
+        json_schema_extra=plain("FILE|auto|none"),
+    )
+
+    def cli_cmd(self) -> None:
+        from .evaluation import question_report, report, summary, write_json
+        from .metrics import softmax
+
+        pack, handle = self._preflight()
+        chosen = cal.resolve(self.calibration, pack, handle.resolved)
+        if chosen is not None:
+            chosen.bind(pack.expand())
+        questions = self._score(pack, handle)
+        entries: dict[str, Any] = {}
+        for qid, d in questions.items():
+            qmap = chosen.questions.get(qid) if chosen else None
+            calibrated = None
+            if qmap is not None:
+                p = qmap.apply(d.logprobs)
+                calibrated = (p, qmap.answers(p))
+            entries[qid] = question_report(d, calibrated)
+            if self.plots:
+                from .plots import question_plots
+
+                question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
+                               calibrated[0] if calibrated else None, chosen.id if chosen else "")
+        doc = report(pack, handle.name, chosen.id if chosen else None, entries)
+        write_json(self.report, doc)
+        print(summary(doc), file=sys.stderr)
+
+
+class CalibrateCommand(_Common):
+    """Fit a pack's calibration on labelled rows (per question: a map of the choices' logprobs and,
+    for two choices, a decision threshold); report k-fold cross-validated metrics."""
+
+    output: str = Field(description="Write the calibration (CAL.json) here.", json_schema_extra=plain("FILE"))
+    method: Literal["contextual", "temperature", "vector", "platt"] = Field(
+        default="platt",
+        description="contextual (content-free inputs, no labels), temperature, vector or platt (fitted on the labelled rows).",
+    )
+    folds: int = Field(default=5, ge=2, description="Folds of the cross-validated report.")
+    target: str = Field(
+        default="accuracy", pattern=cal.TARGET_PATTERN,
+        description="Binary questions' decision: accuracy (the most probable calibrated choice), or the threshold "
+        "that maximises f1, the lowest with precision >= P, or the highest with recall >= R.",
+        json_schema_extra=plain("TARGET", "accuracy, f1, precision=P or recall=R (P, R between 0 and 1)"),
+    )
+    content_free: list[str] = Field(default=list(cal.CONTENT_FREE), description="Content-free inputs of the contextual method.")
+
+    @field_validator("target")
+    @classmethod
+    def _target_ok(cls, v: str) -> str:
+        cal.parse_target(v)
+        return v
+
+    def cli_cmd(self) -> None:
+        import numpy as np
+
+        from .evaluation import content_free_logprobs, question_report, report, summary, write_json
+        from .metrics import softmax
+
+        pack, handle = self._preflight()
+        questions = self._score(pack, handle)
+        cf: dict[str, np.ndarray] = {}
+        if self.method == "contextual":
+            cf = content_free_logprobs(handle, pack, self.content_free, self.token_budget)
+        maps: dict[str, cal.QuestionCalibration] = {}
+        cv: dict[str, cal.CrossValidated | None] = {}
+        for qid, d in questions.items():
+            maps[qid] = cal.fit_map(self.method, d.logprobs, d.y, d.question.choices, self.target, cf.get(qid))
+            cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, d.question.choices, self.target, self.folds, cf.get(qid))
+        for q in pack.expand():  # contextual needs no labels: every question gets its map
+            if q.id in cf and q.id not in maps:
+                scale, bias = cal.contextual_question(cf[q.id])
+                maps[q.id] = cal.question_map(scale, bias, q.choices, None)
+        with open(self.input, "rb") as f:
+            input_sha = hashlib.file_digest(f, "sha256").hexdigest()
+        fitted_on = cal.FittedOn(input_sha256=input_sha, rows={qid: int(len(d.y)) for qid, d in questions.items()})
+        result = cal.build(pack, handle.identity, self.method, self.target, maps,
+                           self.content_free if self.method == "contextual" else None, fitted_on)
+        out = Path(self.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(result.to_json())
+        entries: dict[str, Any] = {}
+        for qid, d in questions.items():
+            v = cv[qid]
+            if v is None:
+                print(f"{qid}: too few rows of some choice for {self.folds}-fold cross-validation; calibrated: null",
+                      file=sys.stderr)
+            entries[qid] = question_report(d, (v.probabilities, v.answers) if v else None)
+            if self.plots:
+                from .plots import question_plots
+
+                question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
+                               v.probabilities if v else None, f"{self.method}, {v.folds if v else 0}-fold CV")
+        doc = report(pack, handle.name, result.id, entries)
+        if self.report:
+            write_json(self.report, doc)
+        print(summary(doc), file=sys.stderr)
+        print(f"wrote {out} ({result.id}); calibrated columns are {self.folds}-fold cross-validated", file=sys.stderr)

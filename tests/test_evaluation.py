@@ -1,0 +1,283 @@
+"""``spinf-stream evaluate`` and ``calibrate`` end to end on a tiny model: the report contract,
+metrics equal to scikit-learn's on the numbers ``score`` writes, calibrated records, the
+sub-pack shortcut, the logprob cache."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import orjson
+import pytest
+from conftest import REPO, dataset
+from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
+
+from spinf_stream import calibration as cal
+from spinf_stream.engine import Engine, Message
+from spinf_stream.evaluation import sub_pack
+from spinf_stream.metrics import expected_calibration_error
+from spinf_stream.packs import load_pack
+
+METRICS = {"accuracy", "macro_f1", "auc", "log_loss", "brier", "ece"}
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "spinf_stream.cli", *args], cwd=REPO, capture_output=True)
+    if check:
+        assert r.returncode == 0, r.stderr.decode()[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models):
+    return tiny_models("llama")
+
+
+PACK_YAML = """\
+name: sms
+version: 1.0.0
+description: three yes/no questions about a text message
+preamble: "Is the text message spam?\\n"
+prompt: "Text message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this text message spam?
+  - id: asks_to_{action}
+    text: Does the message ask the reader to {action}?
+    vars: {action: [call, reply]}
+"""
+
+
+@pytest.fixture(scope="module")
+def pack_file(tmp_path_factory):
+    """A small pack of three questions (the tests fit their own calibrations of it)."""
+    path = tmp_path_factory.mktemp("packs") / "sms.yaml"
+    path.write_text(PACK_YAML)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """60 real SMS labelled on ``spam``; the first 30 also on ``asks_to_call`` (by a rule)."""
+    rows = dataset("sms_spam", 60)
+    path = tmp_path_factory.mktemp("labelled") / "spam.jsonl"
+    with open(path, "wb") as f:
+        for i, r in enumerate(rows):
+            labels = {"spam": "yes" if r["label"] == "spam" else "no"}
+            if i < 30:
+                labels["asks_to_call"] = "yes" if "call" in r["text"].lower() else "no"
+            f.write(orjson.dumps({"id": r["id"], "text": r["text"], "labels": labels}) + b"\n")
+        f.write(b'{"id": "unlabelled", "text": "no labels here"}\n')
+    return path
+
+
+def _scored(pack_file, model_dir, labelled, tmp_path, calibration: str = "none") -> dict[str, dict]:
+    """``score``'s records of the labelled rows, by id (the independent path to the numbers)."""
+    out = tmp_path / f"scores-{abs(hash(calibration))}.jsonl"
+    _cli("score", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+         "--calibration", calibration, "--no-progress")
+    return {rec["id"]: rec for rec in map(orjson.loads, out.read_bytes().splitlines())}
+
+
+def _truth(labelled, qid: str) -> dict[str, int]:
+    rows = [orjson.loads(x) for x in labelled.read_bytes().splitlines()]
+    return {r["id"]: ("yes", "no").index(r["labels"][qid]) for r in rows if qid in r.get("labels", {})}
+
+
+def _arrays(records, truth, field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = list(truth)
+    y = np.array([truth[i] for i in ids])
+    p = np.array([[records[i]["scores"][QID]["choices"][c][field] for c in ("yes", "no")] for i in ids])
+    answers = np.array([("yes", "no").index(records[i]["scores"][QID]["answer"]) for i in ids])
+    return y, p, answers
+
+
+QID = "spam"
+
+
+def test_a_sub_pack_scores_its_questions_exactly_as_the_whole_pack(tiny_models, loaded):
+    decoder, tok = loaded(tiny_models("gemma3"))
+    pack = load_pack("moderation")
+    msgs = [Message(r["id"], r) for r in dataset("tweeteval_offensive", 6)]
+    whole = Engine(decoder, tok, pack, "tiny").score(msgs)
+    some = ["hate_women", "offensive", "spam"]
+    part = Engine(decoder, tok, sub_pack(pack, some), "tiny").score(msgs)
+    for w, p in zip(whole, part):
+        assert list(p.scores) == ["offensive", "hate_women", "spam"]  # pack order
+        for qid in some:
+            assert p.scores[qid].model_dump() == w.scores[qid].model_dump()
+
+
+def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, labelled, tmp_path):
+    rep = tmp_path / "report.json"
+    r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+             "--calibration", "none", "--no-progress")
+    doc = orjson.loads(rep.read_bytes())
+    assert set(doc) == {"pack", "model", "calibration", "questions"}
+    assert doc["pack"] == {"name": "sms", "version": "1.0.0"}
+    assert doc["model"] == str(model_dir) and doc["calibration"] is None
+    assert list(doc["questions"]) == ["spam", "asks_to_call"]
+    for qid, n in (("spam", 60), ("asks_to_call", 30)):
+        q = doc["questions"][qid]
+        assert set(q) == {"n", "raw", "calibrated", "baseline"}
+        assert q["n"] == n and q["calibrated"] is None
+        assert set(q["raw"]) == METRICS
+        assert set(q["baseline"]) == {"accuracy", "log_loss"}
+    assert b"1 without labels skipped" in r.stderr
+
+
+def test_evaluate_metrics_equal_scikit_learn_on_the_scores_that_score_writes(pack_file, model_dir, labelled, tmp_path):
+    rep = tmp_path / "report.json"
+    _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+         "--calibration", "none", "--no-progress")
+    raw = orjson.loads(rep.read_bytes())["questions"][QID]["raw"]
+    truth = _truth(labelled, QID)
+    y, p, answers = _arrays(_scored(pack_file, model_dir, labelled, tmp_path), truth, "probability")
+    assert raw["auc"] == pytest.approx(roc_auc_score(y == 0, p[:, 0]))
+    assert raw["accuracy"] == pytest.approx(accuracy_score(y, answers))
+    assert raw["macro_f1"] == pytest.approx(f1_score(y, answers, average="macro"))
+    assert raw["log_loss"] == pytest.approx(log_loss(y, p))
+    assert raw["brier"] == pytest.approx(np.mean((p[:, 0] - (y == 0)) ** 2))
+    assert raw["ece"] == pytest.approx(expected_calibration_error(y, p))
+
+
+@pytest.fixture(scope="module")
+def calibrated(pack_file, model_dir, labelled, tmp_path_factory):
+    """``calibrate --method vector --target f1``: (CAL.json path, report, stderr)."""
+    d = tmp_path_factory.mktemp("cal")
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
+             "--output", str(d / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(d / "report.json"),
+             "--plots", str(d / "plots"), "--cache", str(d / "cache"), "--no-progress")
+    return d / "CAL.json", orjson.loads((d / "report.json").read_bytes()), r.stderr
+
+
+def test_calibrate_writes_a_calibration_of_the_labelled_questions_for_this_pack_and_model(pack_file, calibrated, model_dir):
+    path, doc, _ = calibrated
+    c = cal.load(path)
+    assert set(c.questions) == {"spam", "asks_to_call"}
+    assert c.method == "vector" and c.target == "f1"
+    assert c.pack == cal.pack_identity(load_pack(pack_file))
+    from spinf_stream.models.weights import resolve
+
+    assert c.model.weights_sha256 == resolve(str(model_dir)).weights_sha256
+    assert c.fitted_on.rows == {"spam": 60, "asks_to_call": 30}
+    assert doc["calibration"] == c.id
+    assert c.questions["spam"].threshold is not None  # f1 chose one
+
+
+def test_calibrate_reports_cross_validated_not_fitted_numbers(pack_file, calibrated, model_dir, labelled, tmp_path):
+    _, doc, _ = calibrated
+    truth = _truth(labelled, QID)
+    y, p, _ = _arrays(_scored(pack_file, model_dir, labelled, tmp_path), truth, "logprob")
+    cv = cal.cross_validate("vector", p, y, ("yes", "no"), "f1", folds=5)
+    got = doc["questions"][QID]["calibrated"]
+    assert got["log_loss"] == pytest.approx(log_loss(y, cv.probabilities))
+    assert got["accuracy"] == pytest.approx(accuracy_score(y, cv.answers))
+    fitted = cal.fit_map("vector", p, y, ("yes", "no"), "f1").apply(p)
+    assert got["log_loss"] != pytest.approx(log_loss(y, fitted))
+
+
+def test_calibrate_writes_both_plots_per_question(calibrated):
+    path, _, _ = calibrated
+    names = sorted(x.name for x in (path.parent / "plots").iterdir())
+    assert names == ["asks_to_call.histogram.png", "asks_to_call.reliability.png", "spam.histogram.png", "spam.reliability.png"]
+    assert all((path.parent / "plots" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_scores_with_a_calibration_carry_calibrated_probabilities_and_answers(pack_file, calibrated, model_dir, labelled, tmp_path):
+    path, _, _ = calibrated
+    c = cal.load(path)
+    recs = _scored(pack_file, model_dir, labelled, tmp_path, str(path))
+    for rec in recs.values():
+        assert rec["calibration"] == c.id
+        for qid, q in rec["scores"].items():
+            if qid not in c.questions:
+                assert all("calibrated" not in ch for ch in q["choices"].values())
+                continue
+            m = c.questions[qid]
+            lp = [q["choices"][label]["logprob"] for label in m.choices]
+            z = [s * x + b for s, x, b in zip(m.scale, lp, m.bias)]
+            want = [math.exp(v) / sum(math.exp(w) for w in z) for v in z]
+            assert [q["choices"][label]["calibrated"] for label in m.choices] == pytest.approx(want, rel=1e-12)
+            assert q["answer"] == ("yes" if want[0] >= m.threshold else "no")
+
+
+def test_calibrated_records_validate_against_the_schemas(pack_file, calibrated, model_dir, labelled, tmp_path):
+    from spinf_stream.records import ScoreRecord
+    from spinf_stream.stream.records import Source, StreamScoreRecord
+
+    path, _, _ = calibrated
+    score_schema = orjson.loads((REPO / "schemas" / "score.schema.json").read_bytes())
+    stream_schema = orjson.loads((REPO / "schemas" / "stream_score.schema.json").read_bytes())
+    recs = list(_scored(pack_file, model_dir, labelled, tmp_path, str(path)).values())
+    assert "calibrated" in recs[0]["scores"]["spam"]["choices"]["yes"]
+    for rec in recs[:10]:
+        jsonschema.validate(rec, score_schema)
+        stream = StreamScoreRecord(**ScoreRecord.model_validate(rec).model_dump(),
+                                   source=Source(topic="t", partition=0, offset=1, timestamp=None))
+        jsonschema.validate(orjson.loads(orjson.dumps(stream.model_dump(mode="json"))), stream_schema)
+
+
+def test_evaluate_with_a_calibration_measures_the_calibrated_scores(pack_file, calibrated, model_dir, labelled, tmp_path):
+    path, _, _ = calibrated
+    rep = tmp_path / "report.json"
+    _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+         "--calibration", str(path), "--no-progress")
+    doc = orjson.loads(rep.read_bytes())
+    assert doc["calibration"] == cal.load(path).id
+    truth = _truth(labelled, QID)
+    y, p, answers = _arrays(_scored(pack_file, model_dir, labelled, tmp_path, str(path)), truth, "calibrated")
+    got = doc["questions"][QID]["calibrated"]
+    assert got["log_loss"] == pytest.approx(log_loss(y, p))
+    assert got["accuracy"] == pytest.approx(accuracy_score(y, answers))
+    assert got["ece"] == pytest.approx(expected_calibration_error(y, p))
+
+
+def test_a_rerun_with_the_cache_scores_nothing_and_reports_the_same(pack_file, calibrated, model_dir, labelled, tmp_path):
+    path, doc, first_stderr = calibrated
+    assert b"scoring 60 of 60 rows" in first_stderr
+    again = tmp_path / "again.json"
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
+             "--output", str(tmp_path / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(again),
+             "--cache", str(path.parent / "cache"), "--no-progress")
+    assert b"scoring" not in r.stderr
+    assert orjson.loads(again.read_bytes()) == doc
+
+
+def test_contextual_calibration_divides_out_the_content_free_inputs_for_every_question(pack_file, model_dir, labelled, loaded, tmp_path):
+    out = tmp_path / "CAL.json"
+    _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+         "--method", "contextual", "--no-progress")
+    c = cal.load(out)
+    pack = load_pack(pack_file)
+    assert set(c.questions) == {q.id for q in pack.expand()} and c.content_free == cal.CONTENT_FREE
+    decoder, tok = loaded(model_dir)
+    recs = Engine(decoder, tok, pack, "tiny").score([Message(f"cf{i}", {"text": s}) for i, s in enumerate(cal.CONTENT_FREE)])
+    for q in pack.expand():
+        p_cf = np.mean([[r.scores[q.id].choices[label].probability for label in q.choices] for r in recs], axis=0)
+        assert c.questions[q.id].bias == pytest.approx(list(-np.log(p_cf)), rel=1e-9)
+        assert c.questions[q.id].scale == (1.0, 1.0)
+
+
+def test_score_refuses_a_calibration_of_another_pack_with_exit_2(calibrated, model_dir, tmp_path):
+    path, _, _ = calibrated
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "1", "text": "great film"}\n')
+    r = _cli("score", "--pack", "sentiment", "--model", str(model_dir), "--input", str(inp), "--output", "-",
+             "--calibration", str(path), check=False)
+    assert r.returncode == 2
+    assert b"is for pack sms" in r.stderr and b"not sentiment" in r.stderr
+
+
+def test_evaluate_refuses_labels_of_an_unknown_question_naming_the_row(pack_file, model_dir, tmp_path):
+    inp = tmp_path / "bad.jsonl"
+    inp.write_text('{"id": "x1", "text": "hello", "labels": {"spamm": "yes"}}\n')
+    r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(inp), "--report",
+             str(tmp_path / "r.json"), check=False)
+    assert r.returncode == 2
+    assert b"line 1 (id 'x1'): labels.spamm: no question 'spamm'" in r.stderr

@@ -1,0 +1,89 @@
+"""``bench/labelled_data.py``: a data set's labels become the right choices of a pack's questions
+through the mapping in the pack's folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import orjson
+import pytest
+from conftest import REPO
+
+from spinf_stream.labelled import read_labelled
+from spinf_stream.packs import load_pack
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("labelled_data", REPO / "bench" / "labelled_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A copy of the moderation pack with a mapping, and a tiny data set."""
+    packs = tmp_path / "packs"
+    (packs / "moderation").mkdir(parents=True)
+    shutil.copy(REPO / "packs" / "moderation.yaml", packs / "moderation.yaml")
+    data = tmp_path / "data" / "toy"
+    data.mkdir(parents=True)
+    rows = [
+        {"id": "t1", "text": "a", "label": "toxic,insult"},
+        {"id": "t2", "text": "b", "label": "none"},
+        {"id": "t3", "text": "c", "label": "threat"},
+        {"id": "t4", "text": "d", "label": "insult,toxic"},
+        {"id": "t5", "text": "e", "label": "none"},
+    ]
+    (data / "dev.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return packs, tmp_path / "data"
+
+
+def _mapping(packs, text: str) -> None:
+    (packs / "moderation" / "data.yaml").write_text(text)
+
+
+def test_split_labels_take_the_first_mapped_key_found_and_unmapped_rows_are_left_out(setup):
+    packs, data = setup
+    _mapping(packs, 'sets:\n  - data: toy\n    split: ","\n    labels:\n'
+                    '      toxic: {toxic: "yes", none: "no"}\n      insult: {insult: "yes", none: "no"}\n')
+    rows = _script().labelled_rows(packs / "moderation.yaml", data)
+    assert [(r["id"], r["labels"]) for r in rows] == [
+        ("t1", {"toxic": "yes", "insult": "yes"}), ("t2", {"toxic": "no", "insult": "no"}),
+        ("t4", {"toxic": "yes", "insult": "yes"}), ("t5", {"toxic": "no", "insult": "no"}),
+    ]
+    assert set(rows[0]) == {"id", "text", "labels"}
+
+
+def test_rows_and_per_label_limit_what_is_taken(setup):
+    packs, data = setup
+    _mapping(packs, 'sets:\n  - data: toy\n    rows: 2\n    labels:\n      toxic: {none: "no", threat: "yes"}\n')
+    assert [r["id"] for r in _script().labelled_rows(packs / "moderation.yaml", data)] == ["t2"]
+    _mapping(packs, 'sets:\n  - data: toy\n    per_label: 1\n    labels:\n      toxic: {none: "no", threat: "yes"}\n')
+    assert [r["id"] for r in _script().labelled_rows(packs / "moderation.yaml", data)] == ["t2", "t3"]
+
+
+def test_a_mapping_to_a_choice_the_question_lacks_is_refused(setup):
+    packs, data = setup
+    _mapping(packs, 'sets:\n  - data: toy\n    labels:\n      toxic: {none: "nope"}\n')
+    with pytest.raises(SystemExit, match="'nope' is not a choice of 'toxic'"):
+        _script().labelled_rows(packs / "moderation.yaml", data)
+
+
+def test_every_shipped_mapping_names_questions_and_choices_of_its_pack():
+    script = _script()
+    for mapping in sorted((REPO / "packs").glob("*/data.yaml")):
+        pack_file = mapping.parent.parent / f"{mapping.parent.name}.yaml"
+        sets = script.load_mapping(pack_file)
+        assert sets, mapping
+
+
+def test_written_rows_are_valid_labelled_input(setup, tmp_path):
+    packs, data = setup
+    _mapping(packs, 'sets:\n  - data: toy\n    split: ","\n    labels:\n      toxic: {toxic: "yes", none: "no"}\n')
+    rows = _script().labelled_rows(packs / "moderation.yaml", data)
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    got = read_labelled(path, load_pack(packs / "moderation.yaml").expand())
+    assert [r.labels for r in got.rows] == [{"toxic": 0}, {"toxic": 1}, {"toxic": 0}, {"toxic": 1}]
