@@ -160,9 +160,16 @@ def test_the_metrics_service_selects_the_scorer_pods():
 def test_the_packs_config_map_carries_the_shipped_pack_the_scorer_runs():
     docs = render("gpu")
     packs = next(d for d in docs if d["metadata"]["name"] == "spinf-stream-packs")
-    assert packs["data"]["spam.yaml"] == (REPO / "packs" / "spam.yaml").read_text()
     mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "packs")
+    volume = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "packs")
+    lands = {i["path"]: packs["data"][i["key"]] for i in volume["configMap"]["items"]}
     assert config(docs)["SPINF_PACK"] == f"{mount['mountPath']}/spam.yaml"
+    # the pack and every shipped calibration, where --calibration auto looks for them
+    want = {"spam.yaml": REPO / "packs" / "spam.yaml"} | {
+        f"spam/calibrations/{p.name}": p for p in (REPO / "packs" / "spam" / "calibrations").glob("*.json")}
+    assert len(want) == 4
+    assert lands == {k: p.read_text() for k, p in want.items()}, "run deploy/k8s/packs_configmap.py"
+    assert set(packs["data"]) == {i["key"] for i in volume["configMap"]["items"]}
 
 
 def test_the_gpu_overlay_asks_for_one_gpu_and_the_cpu_overlay_for_none():

@@ -131,10 +131,10 @@ def load_engine(settings: ScoringSettings) -> Any:
         special_tokens_in_fields=settings.special_tokens_in_fields, calibration=settings.calibration,
     )
     info = engine.model_info
+    calibration = getattr(engine, "calibration", None)  # not part of the Scorer protocol
     log.info(
         "model %s (weights sha256 %s) on %s in %s, kernels %s; calibration %s",
-        info.name, info.sha256, placement.device, info.dtype, info.kernels,
-        engine.calibration.id if engine.calibration else "none",
+        info.name, info.sha256, placement.device, info.dtype, info.kernels, calibration.id if calibration else "none",
     )
     return engine
 
