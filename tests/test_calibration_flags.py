@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from pydantic_settings import CliApp
 
@@ -50,7 +53,11 @@ def test_the_service_loads_the_engine_with_its_calibration(loads):
 
 
 @pytest.mark.parametrize(("args", "want"), [([], "auto"), (["--calibration", "none"], "none"), (["--calibration", "c.json"], "c.json")])
-def test_score_loads_the_engine_with_its_calibration(args, want, loads, tmp_path):
+def test_score_loads_the_engine_with_its_calibration(args, want, loads, tmp_path, monkeypatch):
+    # a real calibration of the shipped spam pack: score checks the file before the weights load
+    shipped = Path(__file__).resolve().parents[1] / "packs" / "spam" / "calibrations" / "qwen2.5-coder-0.5b.json"
+    shutil.copy(shipped, tmp_path / "c.json")
+    monkeypatch.chdir(tmp_path)
     base = ["--pack", "spam", "--input", "-", "--output", str(tmp_path / "o.jsonl")]
     with pytest.raises(SystemExit):
         CliApp.run(ScoreCommand, cli_args=base + args)
