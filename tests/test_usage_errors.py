@@ -136,7 +136,7 @@ def test_cuda_without_a_gpu_says_to_use_the_cpu(files):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: --device cuda is usable here")
+        pytest.skip("this machine has a GPU, so --device cuda is usable here; the test runs on machines without one (CI)")
     proc, _ = spinf(score(files, "--device", "cuda"))
     assert_usage_error(proc, "--device cuda", "no CUDA GPU is visible", "use --device cpu")
 
