@@ -90,7 +90,7 @@ CASES = [
     ("misspelt flag", lambda f: ["run", "--windw-ms", "3"], {}, ["unknown option --windw-ms", "did you mean --window-ms"], False),
     ("value after an on/off flag", lambda f: ["score", "--strict", "yes"], {}, ["unexpected argument 'yes'", "--no-strict"], False),
     ("flag without its value", lambda f: ["run", "--token-budget"], {}, ["--token-budget needs a value"], False),
-    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, run, dev"], False),
+    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, evaluate, calibrate, run, dev, produce, consume"], False),
     ("no command", lambda f: [], {}, ["choose a command"], False),
     ("bad dtype from env", lambda f: ["run"], {"SPINF_DTYPE": "fp16"}, ["SPINF_DTYPE=fp16", "auto, float32, bfloat16, fp8"], False),
     ("bad boolean from env", lambda f: ["run"], {"SPINF_ENABLE_IDEMPOTENCE": "maybe"}, ["SPINF_ENABLE_IDEMPOTENCE=maybe", "true or false"], False),
