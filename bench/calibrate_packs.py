@@ -27,7 +27,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
-METHODS = ("platt", "vector", "temperature")
+METHODS = ("platt", "vector", "temperature", "matrix")
 
 
 def _cv_log_loss(report: dict) -> float:
@@ -70,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.plots and model == MODELS[0]:
                 out = args.plots / pack
                 shutil.rmtree(out, ignore_errors=True)
-                shutil.copytree(tmp / f"plots-{best[1]}", out)
+                # the reliability diagrams only: the histograms add little beside them in docs/
+                shutil.copytree(tmp / f"plots-{best[1]}", out, ignore=shutil.ignore_patterns("*.histogram.png"))
             shutil.rmtree(tmp)
             print(f"{pack} {model}: shipped {best[1]}", file=sys.stderr)
+    # the k8s ConfigMap carries the shipped calibrations of the packs it holds: keep it in step
+    subprocess.run([sys.executable, str(REPO / "deploy" / "k8s" / "packs_configmap.py")], cwd=REPO, check=True)
     return 0
 
 

@@ -48,6 +48,47 @@ def plain(metavar: str | None = None, allowed: str | None = None) -> dict[str, s
     return out
 
 
+# The fields every model-loading command shares (score, evaluate, calibrate, run, dev): one
+# definition, so their --help and checks cannot drift apart.
+
+
+def pack_field(default: Any = ...) -> Any:
+    """``--pack`` (required unless a default is given)."""
+    return Field(default, description="Prompt pack: a pack file (packs/spam.yaml) or the name of a shipped pack (spam).",
+                 json_schema_extra=plain("NAME|FILE"))
+
+
+def model_field() -> Any:
+    """``--model``, defaulting to :data:`DEFAULT_MODEL`."""
+    return Field(
+        DEFAULT_MODEL,
+        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
+        json_schema_extra=plain("NAME|PATH"),
+    )
+
+
+def device_field() -> Any:
+    """``--device``: auto, cpu, cuda or cuda:N."""
+    return Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP,
+                 json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
+
+
+def dtype_field() -> Any:
+    """``--dtype``: auto, float32, bfloat16 or fp8."""
+    return Field("auto", description=DTYPE_HELP)
+
+
+def calibration_field() -> Any:
+    """``--calibration FILE|auto|none``, defaulting to auto."""
+    return Field("auto", description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
+                 json_schema_extra=plain("FILE|auto|none"))
+
+
+def token_budget_field(description: str = "Tokens per forward pass (scores do not depend on it).") -> Any:
+    """``--token-budget``: at least 64 tokens."""
+    return Field(DEFAULT_TOKEN_BUDGET, ge=64, description=description)
+
+
 def _settings_config(**extra: Any) -> SettingsConfigDict:
     return SettingsConfigDict(
         env_prefix="SPINF_",
@@ -159,25 +200,13 @@ class ScoringSettings(BaseSettings):
     output_topic: str = Field("scores", description="Topic the score records are written to.")
     dlq_topic: str = Field("scores.dlq", description="Dead-letter topic: one record per message that could not be scored.")
     group_id: str = Field("spinf-stream", description="Consumer group id; replicas with the same id split the partitions.")
-    pack: str = Field(
-        DEFAULT_PACK,
-        description="Prompt pack: a name shipped in packs/ or a path to a pack YAML file.",
-        json_schema_extra=plain("NAME|FILE"),
-    )
-    model: str = Field(
-        DEFAULT_MODEL,
-        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
-        json_schema_extra=plain("NAME|PATH"),
-    )
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
-    dtype: DType = Field("auto", description=DTYPE_HELP)
-    calibration: str = Field(
-        "auto",
-        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
-        json_schema_extra=plain("FILE|auto|none"),
-    )
+    pack: str = pack_field(DEFAULT_PACK)
+    model: str = model_field()
+    device: str = device_field()
+    dtype: DType = dtype_field()
+    calibration: str = calibration_field()
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
-    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass; a batch closes when its messages reach it.")
+    token_budget: int = token_budget_field("Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")
     max_inflight: int = Field(
         2048,

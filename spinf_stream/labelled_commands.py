@@ -16,14 +16,15 @@ from pydantic_settings import BaseSettings
 
 from . import calibration as cal
 from .config import (
-    DEFAULT_MODEL,
-    DEFAULT_TOKEN_BUDGET,
-    DEVICE_HELP,
-    DEVICE_PATTERN,
-    DTYPE_HELP,
     DType,
+    calibration_field,
+    device_field,
+    dtype_field,
+    model_field,
+    pack_field,
     plain,
     settings_config,
+    token_budget_field,
 )
 from .packs import Pack
 
@@ -34,15 +35,8 @@ if TYPE_CHECKING:
 class _Common(BaseSettings):
     model_config = settings_config()
 
-    pack: str = Field(
-        description="Prompt pack: a pack file (packs/spam.yaml) or the name of a shipped pack (spam).",
-        json_schema_extra=plain("NAME|FILE"),
-    )
-    model: str = Field(
-        default=DEFAULT_MODEL,
-        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
-        json_schema_extra=plain("NAME|PATH"),
-    )
+    pack: str = pack_field()
+    model: str = model_field()
     input: str = Field(
         description='Labelled JSON Lines: the message\'s fields plus "labels": {question id: choice label}.',
         json_schema_extra=plain("FILE"),
@@ -56,9 +50,9 @@ class _Common(BaseSettings):
         default=None, description="Folder that keeps raw logprobs per (row, question), so a rerun never rescores them.",
         json_schema_extra=plain("DIR"),
     )
-    token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
-    dtype: DType = Field("auto", description=DTYPE_HELP)
+    token_budget: int = token_budget_field()
+    device: str = device_field()
+    dtype: DType = dtype_field()
     progress: bool = Field(default=True, description="Progress bar on stderr.")
 
     def _preflight(self) -> tuple[Pack, ModelHandle]:
@@ -91,11 +85,7 @@ class EvaluateCommand(_Common):
     Brier and ECE, raw and with the calibration, against the majority baseline."""
 
     report: str = Field(description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))  # type: ignore[assignment]
-    calibration: str = Field(
-        default="auto",
-        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
-        json_schema_extra=plain("FILE|auto|none"),
-    )
+    calibration: str = calibration_field()
 
     def cli_cmd(self) -> None:
         from .evaluation import question_report, report, summary, write_json
@@ -129,9 +119,10 @@ class CalibrateCommand(_Common):
     for two choices, a decision threshold); report k-fold cross-validated metrics."""
 
     output: str = Field(description="Write the calibration (CAL.json) here.", json_schema_extra=plain("FILE"))
-    method: Literal["contextual", "temperature", "vector", "platt"] = Field(
+    method: Literal["contextual", "temperature", "vector", "platt", "matrix"] = Field(
         default="platt",
-        description="contextual (content-free inputs, no labels), temperature, vector or platt (fitted on the labelled rows).",
+        description="contextual (content-free inputs, no labels), temperature, vector, platt or matrix (fitted on the labelled rows; "
+        "matrix: a full k x k map, for questions of many choices with a few hundred rows or more).",
     )
     folds: int = Field(default=5, ge=2, description="Folds of the cross-validated report.")
     target: str = Field(
@@ -162,8 +153,11 @@ class CalibrateCommand(_Common):
         maps: dict[str, cal.QuestionCalibration] = {}
         cv: dict[str, cal.CrossValidated | None] = {}
         for qid, d in questions.items():
-            maps[qid] = cal.fit_map(self.method, d.logprobs, d.y, d.question.choices, self.target, cf.get(qid))
-            cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, d.question.choices, self.target, self.folds, cf.get(qid))
+            try:
+                maps[qid] = cal.fit_map(self.method, d.logprobs, d.y, d.question.choices, self.target, cf.get(qid))
+                cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, d.question.choices, self.target, self.folds, cf.get(qid))
+            except ValueError as e:  # e.g. matrix on rows that never label a choice
+                raise cal.CalibrationError(f"{self.input}: question {qid!r}: {e}") from None
         for q in pack.expand():  # contextual needs no labels: every question gets its map
             if q.id in cf and q.id not in maps:
                 scale, bias = cal.contextual_question(cf[q.id])

@@ -29,16 +29,17 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from .config import (
-    DEFAULT_MODEL,
-    DEFAULT_TOKEN_BUDGET,
-    DEVICE_HELP,
-    DEVICE_PATTERN,
-    DTYPE_HELP,
     LOG_LEVEL_HELP,
     DType,
     LogLevel,
+    calibration_field,
+    device_field,
+    dtype_field,
+    model_field,
+    pack_field,
     plain,
     settings_config,
+    token_budget_field,
 )
 from .messages import Decoded, InputFormat, Rejection, decode
 from .records import ErrorInfo, ErrorRecord
@@ -283,28 +284,17 @@ class ScoreCommand(BaseSettings):
 
     model_config = settings_config()
 
-    pack: str = Field(
-        description="Prompt pack: a pack file (packs/spam.yaml) or the name of a shipped pack (spam).",
-        json_schema_extra=plain("NAME|FILE"),
-    )
+    pack: str = pack_field()
     input: str = Field(description="Input JSON Lines file; '-' = stdin.", json_schema_extra=plain("FILE"))
     output: str = Field(
         description="Output JSON Lines file (replaced); '-' = stdout. Its directory is created if missing.",
         json_schema_extra=plain("FILE"),
     )
-    model: str = Field(
-        default=DEFAULT_MODEL,
-        description="Decision model: qwen2.5-coder-0.5b, gemma-3-270m, smollm2-135m (from PyPI), or a path to a HF directory or a .gguf file.",
-        json_schema_extra=plain("NAME|PATH"),
-    )
-    token_budget: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=64, description="Tokens per forward pass (scores do not depend on it).")
-    device: str = Field("auto", pattern=DEVICE_PATTERN, description=DEVICE_HELP, json_schema_extra=plain("{auto,cpu,cuda,cuda:N}", "auto, cpu, cuda or cuda:N"))
-    dtype: DType = Field("auto", description=DTYPE_HELP)
-    calibration: str = Field(
-        default="auto",
-        description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
-        json_schema_extra=plain("FILE|auto|none"),
-    )
+    model: str = model_field()
+    token_budget: int = token_budget_field()
+    device: str = device_field()
+    dtype: DType = dtype_field()
+    calibration: str = calibration_field()
     input_format: InputFormat = Field(
         "json",
         description="json: each line is a JSON object with the pack's fields (and an optional id); text: each line is the text of the pack's one field.",

@@ -62,6 +62,44 @@ def test_vector_scaling_recovers_per_choice_biases():
     assert bias - bias[-1] == pytest.approx(-label_bias, abs=0.12)
 
 
+def _mixing_truth(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Logprobs of 3 choices and labels drawn from softmax(W @ lp + b) with a W that mixes choices
+    (choice 2's evidence raises choice 0): the truth probabilities come with them."""
+    lp = _log_softmax(rng.normal(size=(n, 3)) * 2)
+    w = np.array([[1.2, 0.0, 0.8], [0.0, 0.7, 0.0], [0.0, 0.0, 0.5]])
+    b = np.array([0.3, -0.2, 0.0])
+    truth = np.exp(_log_softmax(lp @ w.T + b))
+    return lp, _sample(truth, rng), truth
+
+
+def test_matrix_scaling_recovers_a_map_that_mixes_choices():
+    rng = np.random.default_rng(4)
+    lp, y, truth = _mixing_truth(rng, 20000)
+    w, b = cal.fit_question("matrix", lp, y)
+    assert w.shape == (3, 3) and b.shape == (3,)
+    got = cal.question_map(w, b, ("a", "b", "c"), None).apply(lp)
+    assert np.abs(got - truth).mean() < 0.01 and np.abs(got - truth).max() < 0.08
+    # a diagonal map cannot express the mixing: the same check fails for vector scaling
+    vs, vb = cal.fit_question("vector", lp, y)
+    assert np.abs(cal.question_map(vs, vb, ("a", "b", "c"), None).apply(lp) - truth).mean() > 0.03
+
+
+def test_matrix_scaling_of_two_choices_is_the_logistic_regression_of_both_logprobs():
+    rng = np.random.default_rng(5)
+    lp = _log_softmax(rng.normal(size=(20000, 2)) * 2) - rng.random((20000, 1)) * 3  # not normalised over the two
+    z = 0.9 * lp[:, 0] - 0.4 * lp[:, 1] + 0.5  # log-odds of the first choice
+    y = np.where(rng.random(20000) < 1 / (1 + np.exp(-z)), 0, 1)
+    w, b = cal.fit_question("matrix", lp, y)
+    log_odds = (w[0] - w[1]) @ lp[:3].T + (b[0] - b[1])
+    assert log_odds == pytest.approx(z[:3], abs=0.1)
+
+
+def test_matrix_scaling_needs_rows_of_every_choice():
+    lp = np.log(np.full((10, 3), 1 / 3))
+    with pytest.raises(ValueError, match=r"choices \[2\] have none"):
+        cal.fit_question("matrix", lp, np.array([0, 1] * 5))
+
+
 def test_contextual_calibration_divides_out_the_mean_content_free_probabilities():
     cf = np.log(np.array([[0.8, 0.2], [0.6, 0.4]]))  # p_cf = mean = (0.7, 0.3)
     scale, bias = cal.contextual_question(cf)
@@ -86,6 +124,29 @@ def test_calibrated_probabilities_are_the_softmax_of_the_affine_map():
     want = [math.exp(v) / sum(math.exp(w) for w in z) for v in z]
     assert q.probabilities(lp) == pytest.approx(want, rel=1e-12)
     assert q.apply(np.array([lp]))[0] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_matrix_map_is_the_softmax_of_the_matrix_product():
+    m = ((1.0, 0.5, 0.0), (0.0, 2.0, -1.0), (0.25, 0.0, 1.0))
+    q = cal.QuestionCalibration(choices=("a", "b", "c"), matrix=m, bias=(1.0, 0.0, -1.0))
+    lp = [-1.0, -2.0, -0.5]
+    z = [-1.0 - 1.0 + 1.0, -4.0 + 0.5, -0.25 - 0.5 - 1.0]
+    want = [math.exp(v) / sum(math.exp(w) for w in z) for v in z]
+    assert q.probabilities(lp) == pytest.approx(want, rel=1e-12)
+    assert q.apply(np.array([lp]))[0] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [({"scale": (1.0, 1.0), "matrix": ((1.0, 0.0), (0.0, 1.0))}, "either scale"),
+     ({}, "either scale"),
+     ({"matrix": ((1.0, 0.0),)}, "2 rows of 2"),
+     ({"matrix": ((1.0, 0.0), (0.0,))}, "2 rows of 2"),
+     ({"matrix": ((1.0, float("nan")), (0.0, 1.0))}, "finite")],
+)
+def test_a_map_has_scale_or_a_square_matrix(fields, match):
+    with pytest.raises(ValueError, match=match):
+        cal.QuestionCalibration(choices=("yes", "no"), bias=(0.0, 0.0), **fields)
 
 
 def test_a_threshold_decides_a_binary_answer_from_the_first_choice_probability():

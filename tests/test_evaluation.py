@@ -182,6 +182,40 @@ def test_calibrate_reports_cross_validated_not_fitted_numbers(pack_file, calibra
     assert got["log_loss"] != pytest.approx(log_loss(y, fitted))
 
 
+def test_calibrate_matrix_reports_its_cross_validated_numbers_and_scores_with_its_map(pack_file, model_dir, labelled, tmp_path):
+    out = tmp_path / "CAL.json"
+    _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+         "--method", "matrix", "--report", str(tmp_path / "report.json"), "--cache", str(tmp_path / "cache"), "--no-progress")
+    c = cal.load(out)
+    assert c.method == "matrix"
+    assert all(q.matrix is not None and q.scale is None for q in c.questions.values())
+    truth = _truth(labelled, QID)
+    y, lp, _ = _arrays(_scored(pack_file, model_dir, labelled, tmp_path), truth, "logprob")
+    cv = cal.cross_validate("matrix", lp, y, ("yes", "no"), "accuracy", folds=5)
+    got = orjson.loads((tmp_path / "report.json").read_bytes())["questions"][QID]["calibrated"]
+    assert got["log_loss"] == pytest.approx(log_loss(y, cv.probabilities))
+    # records carry softmax(W @ logprobs + b), computed here from the record's own logprobs
+    recs = _scored(pack_file, model_dir, labelled, tmp_path, str(out))
+    w, b = np.array(c.questions[QID].matrix), np.array(c.questions[QID].bias)
+    for rec in recs.values():
+        ch = rec["scores"][QID]["choices"]
+        z = w @ np.array([ch["yes"]["logprob"], ch["no"]["logprob"]]) + b
+        want = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        assert [ch["yes"]["calibrated"], ch["no"]["calibrated"]] == pytest.approx(want, abs=1e-12)
+
+
+def test_calibrate_matrix_without_rows_of_a_choice_says_which_question(pack_file, model_dir, tmp_path):
+    path = tmp_path / "one-sided.jsonl"
+    rows = dataset("sms_spam", 12)
+    path.write_bytes(b"".join(orjson.dumps({"id": r["id"], "text": r["text"], "labels": {"spam": "no"}}) + b"\n" for r in rows))
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(path), "--output",
+             str(tmp_path / "CAL.json"), "--method", "matrix", "--no-progress", check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "question 'spam'" in err and "choices [0] have none" in err and "Traceback" not in err
+    assert not (tmp_path / "CAL.json").exists()
+
+
 def test_calibrate_writes_both_plots_per_question(calibrated):
     path, _, _ = calibrated
     names = sorted(x.name for x in (path.parent / "plots").iterdir())

@@ -53,10 +53,10 @@ def test_shipped_calibrations_name_the_weights_of_the_shipped_models(model):
 
 
 #: packs whose default-model numbers are known to miss the bar (issue 9 stays open for them):
-#: irony and moderation's offensive/hate are near chance for a 0.5B model (AUC 0.55-0.60), so a
-#: fitted map cannot beat the raw log loss or the majority; product_category's 10-class ECE is
-#: 0.053 after a per-choice affine map. Strict: meeting the bar turns these into failures to remove.
-BELOW_THE_BAR = {"irony", "moderation", "product_category"}
+#: irony is at chance for every shipped model (the default's AUC 0.49-0.59 over ten wordings on
+#: 400 held-out rows), so no map of its answers beats the class prior's log loss.
+#: Strict: meeting the bar turns this into a failure to remove.
+BELOW_THE_BAR = {"irony"}
 
 
 @pytest.mark.parametrize(
