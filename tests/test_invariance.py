@@ -164,3 +164,21 @@ def test_digests_are_equal_across_budgets_for_messages_longer_than_the_budget(ti
         random.Random(budget).shuffle(shuffled)
         got = _bytes(Engine(decoder, tok, pack, family, token_budget=budget).score(shuffled))
         assert got == alone, f"budget {budget}: {sum(got[k] != alone[k] for k in got)} records differ"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
+def test_scores_identical_whatever_the_row_chunk_of_the_token_wise_ops(tiny_models, loaded, family, monkeypatch):
+    """On the CPU the norms, projections and MLP run over a pass in chunks of rows
+    (``decoder.CPU_ROW_CHUNK``); a row's bits must not depend on which chunk, or which place in
+    it, the row falls: chunks of 1 (GEMMs padded to 16 rows), odd and aligned sizes, and one
+    chunk for the whole pass give the same records."""
+    from spinf_stream.models import decoder as decoder_module
+
+    decoder, tok = loaded(tiny_models(family))
+    msgs = _messages("sms_spam", 6)
+    e = Engine(decoder, tok, load_pack("spam"), family, token_budget=16384)
+    monkeypatch.setattr(decoder_module, "CPU_ROW_CHUNK", 1 << 30)
+    whole = _bytes(e.score(msgs))
+    for chunk in (1, 5, 37, 64):
+        monkeypatch.setattr(decoder_module, "CPU_ROW_CHUNK", chunk)
+        assert _bytes(e.score(msgs)) == whole, f"row chunk {chunk}"

@@ -134,6 +134,9 @@ class TorchAttention:
                      scale=scale, window=window, softcap=softcap)
             return o.to(q.dtype)
         out = torch.empty_like(q)
+        # the scale goes on the queries once, not on every score matrix (one pass fewer over them)
+        q = q * scale
+        scale = 1.0
         for i, m in enumerate(self.layout.messages):
             keys, values = self._keys(m, k, v, prefix, carried)
             if m.content_start is not None:
@@ -210,18 +213,22 @@ class TorchAttention:
         ks = k[flat].view(nbr, w, hkv, d).permute(0, 2, 3, 1).reshape(nbr * hkv, d, w)
         s_own = torch.bmm(qs, ks).view(nbr, hkv, g, w, w).permute(1, 2, 0, 3, 4).reshape(hkv, g, nbr * w, w)
         s_own = s_own[:, :, slot_index]  # [Hkv, G, Nb, W]
-        hide_ctx = masks.branch_hidden
+        hide_ctx: torch.Tensor | None = None  # None: only the key padding is hidden
         hide_own = ~ancestors
         if window is not None:
             qp = masks.branch_qpos
-            hide_ctx = hide_ctx | (torch.arange(s_pad, device=qp.device)[None, :] <= qp[:, None] - window)
+            hide_ctx = masks.branch_hidden | (torch.arange(s_pad, device=qp.device)[None, :] <= qp[:, None] - window)
             hide_own = hide_own | (masks.slot_pos <= qp[:, None] - window)
         # One softmax over [preamble | content | own branch], in two parts that share the max.
         for part, hide in ((s_ctx, hide_ctx), (s_own, hide_own)):
-            part.mul_(scale)
+            if scale != 1.0:
+                part.mul_(scale)
             if softcap is not None:
                 part.copy_(_softcap(part, softcap))
-            part.masked_fill_(hide, float("-inf"))
+            if hide is None:
+                part[..., m.n_keys :] = float("-inf")  # the padding columns only: no [rows, keys] mask pass
+            else:
+                part.masked_fill_(hide, float("-inf"))
         top = torch.maximum(s_ctx.amax(dim=-1, keepdim=True), s_own.amax(dim=-1, keepdim=True))
         total = None
         for part in (s_ctx, s_own):
@@ -240,7 +247,8 @@ class TorchAttention:
 def _scores_to_weights(s: torch.Tensor, scale: float, softcap: float | None, hidden: torch.Tensor) -> None:
     """In place: ``s`` (raw ``q·k``) becomes the unnormalised softmax weights
     ``exp(scale * s - max)`` with hidden keys at 0 (each row on its own)."""
-    s.mul_(scale)
+    if scale != 1.0:
+        s.mul_(scale)
     if softcap is not None:
         s.copy_(_softcap(s, softcap))
     s.masked_fill_(hidden, float("-inf"))

@@ -15,6 +15,12 @@ from .spec import ModelSpec
 
 #: Read rows per LM-head chunk: bounds the ``[rows, vocab]`` logits held at once.
 HEAD_CHUNK = 256
+#: Rows of a pass whose token-wise ops (norms, projections, MLP) run together on the CPU. A whole
+#: 16k-token pass makes ``[rows, intermediate]`` temporaries of ~100 MB; glibc maps each one
+#: fresh and every page faults on first touch, which cost a quarter of the pass (engine_bench:
+#: 52% of the matmul peak with whole passes, 69% with 1-2k-row ones). Every op here computes each
+#: row on its own (GEMM rows padded to >= 16, see blocks.linear), so chunking changes no bit.
+CPU_ROW_CHUNK = 1024
 
 Weight = torch.Tensor | QuantizedWeight
 
@@ -100,39 +106,59 @@ class Decoder:
         if s.embed_scale is not None:
             x = x * torch.tensor(s.embed_scale, dtype=x.dtype, device=dev)
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        n_rows = x.shape[0]
+        chunk = CPU_ROW_CHUNK if dev.type == "cpu" and self.backend.name == "torch" else max(n_rows, 1)
+        row_chunks = [slice(r0, min(r0 + chunk, n_rows)) for r0 in range(0, n_rows, chunk)]
         tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rope tables, once per pass
+        # q, k, v of every row, written chunk by chunk; one buffer for all layers (the kept
+        # content keys/values are copies)
+        qkv = x.new_empty(n_rows, hq + 2 * hkv, d)
+        q, k, v = qkv.split([hq, hkv, hkv], dim=1)
         for li, (lw, ls) in enumerate(zip(self.layers, s.layers)):
-            h = self._norm(x, lw.input_norm)
-            qkv = self.backend.linear(h, lw.qkv, lw.qkv_bias)
-            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = q.reshape(-1, hq, d)
-            k = k.reshape(-1, hkv, d)
-            v = v.reshape(-1, hkv, d)
-            if s.qk_norm:
-                q = self._norm(q, lw.q_norm)
-                k = self._norm(k, lw.k_norm)
             rope = tables.get(id(ls.rope))
             if rope is None:
-                rope = tables[id(ls.rope)] = blocks.rotary_tables(pos, ls.rope.inv_freq, ls.rope.scaling, q.dtype)
-            q = blocks.rotary(q, *rope)
-            k = blocks.rotary(k, *rope)
+                rope = tables[id(ls.rope)] = blocks.rotary_tables(pos, ls.rope.inv_freq, ls.rope.scaling, x.dtype)
+            for r in row_chunks:
+                self._qkv(x[r], lw, rope[0][r], rope[1][r], qkv[r])
             for j, (c0, n) in enumerate(keep):
                 kept[j].append((k[c0 : c0 + n].clone(), v[c0 : c0 + n].clone()))
             a = attend(
                 q, k, v, prefix[li] if prefix else None, [c[li] for c in carried],
                 scale=s.query_scale, window=ls.window, softcap=s.attn_softcap,
             )
-            a = self.backend.linear(a.reshape(-1, hq * d), lw.o)
-            if s.sandwich_norms:
-                a = self._norm(a, lw.post_attn_norm)
-            x = x + a
-            h = self._norm(x, lw.mlp_norm)
-            h = blocks.gated_mlp(h, lw.gate_up, lw.down, s.activation, self.backend.linear)
-            if s.sandwich_norms:
-                h = self._norm(h, lw.post_mlp_norm)
-            x = x + h
+            a = a.reshape(-1, hq * d)
+            for r in row_chunks:  # in place: a chunk reads only its own rows
+                x[r] = self._attn_out_and_mlp(x[r], a[r], lw)
         read = x[layout.read_rows.to(dev)]
         return self._norm(read, self.final_norm), kept
+
+    def _qkv(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+        """Rows ``x [n, hidden]`` → ``out [n, Hq+2Hkv, D]``: q and k normed (Qwen3, Gemma 3) and
+        rotated, v as projected."""
+        s = self.spec
+        hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        qkv = self.backend.linear(self._norm(x, lw.input_norm), lw.qkv, lw.qkv_bias)
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = q.reshape(-1, hq, d)
+        k = k.reshape(-1, hkv, d)
+        if s.qk_norm:
+            q = self._norm(q, lw.q_norm)
+            k = self._norm(k, lw.k_norm)
+        out[:, :hq] = blocks.rotary(q, cos, sin)
+        out[:, hq : hq + hkv] = blocks.rotary(k, cos, sin)
+        out[:, hq + hkv :] = v.reshape(-1, hkv, d)
+
+    def _attn_out_and_mlp(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+        """Rows ``x [n, hidden]`` after the attention output ``a [n, Hq*D]`` and the MLP, with
+        their residuals (and Gemma's sandwich norms)."""
+        o = self.backend.linear(a, lw.o)
+        if self.spec.sandwich_norms:
+            o = self._norm(o, lw.post_attn_norm)
+        x = x + o
+        h = blocks.gated_mlp(self._norm(x, lw.mlp_norm), lw.gate_up, lw.down, self.spec.activation, self.backend.linear)
+        if self.spec.sandwich_norms:
+            h = self._norm(h, lw.post_mlp_norm)
+        return x + h
 
     @torch.inference_mode()
     def token_logprobs(self, hidden: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
