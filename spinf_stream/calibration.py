@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
 from .packs import ExpandedQuestion, Pack
 
@@ -72,6 +72,9 @@ CONTENT_FREE = ("N/A", "[MASK]", "None")
 #: the forms of a decision target (``calibrate --target``)
 TARGET_PATTERN = r"^(accuracy|f1|(precision|recall)=(0(\.\d+)?|1(\.0+)?))$"
 _TARGET = re.compile(TARGET_PATTERN)
+#: Largest |parameter| a map may hold: fitted maps stay far below it (the fits are L2-penalised),
+#: and a larger one would overflow the affine map of a logprob into inf or NaN.
+MAX_PARAMETER = 1e6
 
 
 class CalibrationError(ValueError):
@@ -105,9 +108,10 @@ class QuestionCalibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     choices: tuple[str, ...] = Field(min_length=2)
-    scale: tuple[float, ...] | None = None
-    matrix: tuple[tuple[float, ...], ...] | None = None
-    bias: tuple[float, ...]
+    # strict: a quoted "1.5" or a true in a hand-edited file is a mistake, not a number
+    scale: tuple[StrictFloat, ...] | None = None
+    matrix: tuple[tuple[StrictFloat, ...], ...] | None = None
+    bias: tuple[StrictFloat, ...]
     threshold: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Binary questions: answer the first choice iff its calibrated probability >= threshold; "
@@ -130,8 +134,8 @@ class QuestionCalibration(BaseModel):
             weights = list(self.scale)
         if len(self.bias) != k:
             raise ValueError(f"bias needs one number per choice ({k}), got {len(self.bias)}")
-        if not all(math.isfinite(x) for x in (*weights, *self.bias)):
-            raise ValueError("scale, matrix and bias must be finite numbers")
+        if not all(math.isfinite(x) and abs(x) <= MAX_PARAMETER for x in (*weights, *self.bias)):
+            raise ValueError(f"scale, matrix and bias must be finite numbers of magnitude at most {MAX_PARAMETER:g}")
         if self.threshold is not None and k != 2:
             raise ValueError("a threshold is only defined for a question with two choices")
         return self
@@ -200,6 +204,10 @@ class Calibration(BaseModel):
 
     @model_validator(mode="after")
     def _id(self) -> Calibration:
+        for qid, qc in self.questions.items():
+            if (qc.matrix is not None) != (self.method == "matrix"):
+                form = "a matrix" if qc.matrix is not None else "scale"
+                raise ValueError(f"questions.{qid}: method {self.method!r} with {form}: matrix maps belong to method 'matrix' only")
         want = self.content_id()
         if self.id == "":
             object.__setattr__(self, "id", want)
@@ -429,7 +437,7 @@ def _fit_platt_binary(lp: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.array([a, a]), np.array([c, 0.0])
 
 
-def _fit_matrix(lp: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fit_matrix(lp: np.ndarray, y: np.ndarray, choices: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Matrix scaling / Dirichlet calibration: multinomial logistic regression of the right choice
     on the ``k`` logprobs, its L2 strength ``C`` chosen from a log grid by the inner
     cross-validated log loss (scikit-learn ``LogisticRegressionCV``). Returns ``W [k, k]``, ``b [k]``."""
@@ -439,7 +447,8 @@ def _fit_matrix(lp: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     classes, counts = np.unique(y, return_counts=True)
     if len(classes) < k:
         missing = sorted(set(range(k)) - set(classes.tolist()))
-        raise ValueError(f"matrix scaling needs labelled rows of every choice; choices {missing} have none (use vector)")
+        named = [choices[j] for j in missing] if choices is not None else missing
+        raise ValueError(f"matrix scaling needs labelled rows of every choice; choices {named} have none (use vector)")
     inner = min(5, int(counts.min()))
     with warnings.catch_warnings():  # scikit-learn 1.8 announces attribute and default changes we do not rely on
         warnings.simplefilter("ignore", FutureWarning)
@@ -455,19 +464,20 @@ def _fit_matrix(lp: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(lr.coef_, dtype=np.float64), np.asarray(lr.intercept_, dtype=np.float64)
 
 
-def fit_question(method: str, lp: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fit_question(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Fit ``(scale, bias)`` of ``method`` (not ``contextual``) on labelled rows: float64 ``[k]``
     each, except ``matrix``, whose first element is the ``[k, k]`` matrix.
 
     Args:
         lp: raw choice logprobs, float64 ``[n, k]``. y: index of the right choice, int ``[n]``.
+        choices: the choices' labels, to name them in errors.
     Raises:
         ValueError: an unknown method, ``contextual`` (see :func:`contextual_question`), or
             ``matrix`` on rows that never label one of the choices.
     """
     k = lp.shape[1]
     if method == "matrix":
-        return _fit_matrix(lp, y)
+        return _fit_matrix(lp, y, choices)
     if method == "temperature":
         return _fit_affine(lp, y, shared_scale=True, with_bias=False)
     if method == "vector":
@@ -516,7 +526,7 @@ def fit_map(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence[str], 
             raise ValueError("contextual calibration needs the content-free inputs' logprobs")
         scale, bias = contextual_question(content_free_lp)
     else:
-        scale, bias = fit_question(method, lp, y)
+        scale, bias = fit_question(method, lp, y, choices)
     threshold = None
     if len(choices) == 2:
         p = question_map(scale, bias, choices, None).apply(lp)

@@ -186,4 +186,8 @@ class CalibrateCommand(_Common):
         if self.report:
             write_json(self.report, doc)
         print(summary(doc), file=sys.stderr)
-        print(f"wrote {out} ({result.id}); calibrated columns are {self.folds}-fold cross-validated", file=sys.stderr)
+        used = sorted({v.folds for v in cv.values() if v is not None})
+        how = " or ".join(f"{n}-fold" for n in used) + " cross-validated" if used else "absent (too few rows)"
+        if used and used != [self.folds]:
+            how += f" (--folds {self.folds}, fewer where a choice has fewer rows)"
+        print(f"wrote {out} ({result.id}); calibrated columns are {how}", file=sys.stderr)

@@ -142,11 +142,32 @@ def test_a_matrix_map_is_the_softmax_of_the_matrix_product():
      ({}, "either scale"),
      ({"matrix": ((1.0, 0.0),)}, "2 rows of 2"),
      ({"matrix": ((1.0, 0.0), (0.0,))}, "2 rows of 2"),
-     ({"matrix": ((1.0, float("nan")), (0.0, 1.0))}, "finite")],
+     ({"matrix": ((1.0, float("nan")), (0.0, 1.0))}, "finite"),
+     ({"matrix": ((1e308, 0.0), (0.0, 1.0))}, "magnitude at most"),  # finite, but overflows the map
+     ({"scale": (1.0, 2e6)}, "magnitude at most"),
+     ({"matrix": ((1.0, "1.5"), (0.0, 1.0))}, "valid number"),
+     ({"scale": (True, 1.0)}, "valid number")],
 )
 def test_a_map_has_scale_or_a_square_matrix(fields, match):
     with pytest.raises(ValueError, match=match):
         cal.QuestionCalibration(choices=("yes", "no"), bias=(0.0, 0.0), **fields)
+
+
+def test_a_calibration_file_whose_method_does_not_match_its_maps_is_refused():
+    m = cal.QuestionCalibration(choices=("yes", "no"), matrix=((1.0, 0.0), (0.0, 1.0)), bias=(0.0, 0.0))
+    v = cal.QuestionCalibration(choices=("yes", "no"), scale=(1.0, 1.0), bias=(0.0, 0.0))
+    ident = {"pack": cal.PackIdentity(name="p", version="1", sha256="0" * 64),
+             "model": cal.ModelIdentity(name="m", weights_sha256="0" * 64)}
+    with pytest.raises(ValueError, match="method 'vector' with a matrix"):
+        cal.Calibration(method="vector", questions={"q": m}, **ident)
+    with pytest.raises(ValueError, match="method 'matrix' with scale"):
+        cal.Calibration(method="matrix", questions={"q": v}, **ident)
+    assert cal.Calibration(method="matrix", questions={"q": m}, **ident).questions["q"].matrix
+
+
+def test_matrix_scaling_names_the_choices_without_rows():
+    with pytest.raises(ValueError, match=r"choices \['c'\] have none"):
+        cal.fit_question("matrix", np.log(np.full((10, 3), 1 / 3)), np.array([0, 1] * 5), ("a", "b", "c"))
 
 
 def test_a_threshold_decides_a_binary_answer_from_the_first_choice_probability():

@@ -212,7 +212,7 @@ def test_calibrate_matrix_without_rows_of_a_choice_says_which_question(pack_file
              str(tmp_path / "CAL.json"), "--method", "matrix", "--no-progress", check=False)
     err = r.stderr.decode()
     assert r.returncode == 2, err
-    assert "question 'spam'" in err and "choices [0] have none" in err and "Traceback" not in err
+    assert "question 'spam'" in err and "choices ['yes'] have none" in err and "Traceback" not in err
     assert not (tmp_path / "CAL.json").exists()
 
 
