@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(result) + "\n")
 
     if args.profile:
-        profile_engine(engine, prepared[:2], 10)
+        profile_engine(engine, prepared[:2], int(os.environ.get("PROFILE_TOP", "10")))
     return 0
 
 

@@ -91,15 +91,20 @@ class Backend:
             raise ValueError(f"unknown kernel back end {name!r}")
         self.name = name
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T + bias``: ``x [M, K]``, ``weight [N, K]`` → ``[M, N]`` in ``x.dtype``."""
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ weight.T + bias``: ``x [M, K]``, ``weight [N, K]`` → ``[M, N]`` in ``x.dtype``.
+        ``out``: a ``[M, N]`` buffer the torch back end may write into (others ignore it); use
+        the returned tensor."""
         if isinstance(weight, QuantizedWeight):
             from kernels import matmul_fp8_ref, matmul_fp8_triton
 
             fp8 = matmul_fp8_ref if self.name == "torch" else matmul_fp8_triton
             y = fp8(x, weight.data, weight.scale)
         elif self.name == "torch":
-            return blocks.linear(x, weight, bias)
+            return blocks.linear(x, weight, bias, out)
         elif self.name == "cublas":
             return F.linear(x, weight, bias)
         else:

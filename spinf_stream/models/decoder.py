@@ -114,6 +114,7 @@ class Decoder:
         # content keys/values are copies)
         qkv = x.new_empty(n_rows, hq + 2 * hkv, d)
         q, k, v = qkv.split([hq, hkv, hkv], dim=1)
+        scratch = blocks.Scratch() if self.backend.name == "torch" else None
         for li, (lw, ls) in enumerate(zip(self.layers, s.layers)):
             rope = tables.get(id(ls.rope))
             if rope is None:
@@ -128,7 +129,7 @@ class Decoder:
             )
             a = a.reshape(-1, hq * d)
             for r in row_chunks:  # in place: a chunk reads only its own rows
-                x[r] = self._attn_out_and_mlp(x[r], a[r], lw)
+                x[r] = self._attn_out_and_mlp(x[r], a[r], lw, scratch)
         read = x[layout.read_rows.to(dev)]
         return self._norm(read, self.final_norm), kept
 
@@ -148,14 +149,18 @@ class Decoder:
         out[:, hq : hq + hkv] = blocks.rotary(k, cos, sin)
         out[:, hq + hkv :] = v.reshape(-1, hkv, d)
 
-    def _attn_out_and_mlp(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    def _attn_out_and_mlp(
+        self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights, scratch: blocks.Scratch | None = None,
+    ) -> torch.Tensor:
         """Rows ``x [n, hidden]`` after the attention output ``a [n, Hq*D]`` and the MLP, with
-        their residuals (and Gemma's sandwich norms)."""
+        their residuals (and Gemma's sandwich norms); ``scratch``: reused MLP temporaries."""
         o = self.backend.linear(a, lw.o)
         if self.spec.sandwich_norms:
             o = self._norm(o, lw.post_attn_norm)
         x = x + o
-        h = blocks.gated_mlp(self._norm(x, lw.mlp_norm), lw.gate_up, lw.down, self.spec.activation, self.backend.linear)
+        h = blocks.gated_mlp(
+            self._norm(x, lw.mlp_norm), lw.gate_up, lw.down, self.spec.activation, self.backend.linear, scratch,
+        )
         if self.spec.sandwich_norms:
             h = self._norm(h, lw.post_mlp_norm)
         return x + h
