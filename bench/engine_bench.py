@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up of each method")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 articles (and 1 question per article for (a))")
     ap.add_argument("--profile", action="store_true", help="after timing, profile engine.run on up to 2 articles")
+    ap.add_argument("--profile-top", type=int, default=10, help="rows of each profile table (default 10)")
     ap.add_argument("--json", type=Path, help="append the results as one JSON line to this file")
     args = ap.parse_args(argv)
     if args.quick:
@@ -549,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(result) + "\n")
 
     if args.profile:
-        profile_engine(engine, prepared[:2], int(os.environ.get("PROFILE_TOP", "10")))
+        profile_engine(engine, prepared[:2], args.profile_top)
     return 0
 
 
