@@ -235,7 +235,10 @@ class Engine:
             scores[q.id] = {"answer": q.choices[best], "choices": choices}
         return ScoreRecord(
             id=p.id,
-            pack=PackRef(name=self.pack.name, version=self.pack.version),
+            pack=PackRef(
+                name=self.pack.name, version=self.pack.version,
+                special_tokens_in_fields=self.segmenter.tokenizer.mode,
+            ),
             model=self.model_info,
             scores=scores,
             calibration=self.calibration.id if self.calibration else None,

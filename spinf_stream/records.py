@@ -20,11 +20,16 @@ def _optional(schema: dict[str, Any]) -> None:
 
 
 class PackRef(BaseModel):
-    """Which pack produced a record."""
+    """Which pack produced a record, and how it read the message's fields."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
     version: str
+    special_tokens_in_fields: Literal["plain", "parse"] = Field(
+        description="How special-token text in the message's fields was tokenized: the pack's "
+        "special_tokens_in_fields or the --special-tokens-in-fields override (plain: ordinary text; "
+        "parse: control tokens). The two give different scores for such text.",
+    )
 
 
 class ModelRef(BaseModel):

@@ -345,7 +345,7 @@ def fake_record(message_id: str, text: str, scorer: FakeScorer) -> ScoreRecord:
     }
     return ScoreRecord(
         id=message_id,
-        pack=PackRef(name=scorer.pack.name, version=scorer.pack.version),
+        pack=PackRef(name=scorer.pack.name, version=scorer.pack.version, special_tokens_in_fields="plain"),
         model=scorer.model_info,
         scores=scores,
         digest=digest(scores),

@@ -187,6 +187,10 @@ def test_scores_in_each_mode_match_transformers_in_that_mode(tiny_models, loaded
             for label, lp in lps.items():
                 assert rec.scores[qid].choices[label].logprob == pytest.approx(lp, abs=1e-4), (mode, qid, label)
         got[mode] = rec.scores["spam"].choices["yes"].logprob
+        assert rec.pack.special_tokens_in_fields == mode  # the record says which tokens it read
+        # the pack's own setting, without an override, is what the record states
+        own = Engine(decoder, hf, _with_mode("spam", mode), family).score([msg])[0]
+        assert own.pack.special_tokens_in_fields == mode and own.digest == rec.digest
     assert got["plain"] != pytest.approx(got["parse"], abs=1e-3)  # the modes read different tokens
 
 
@@ -217,6 +221,7 @@ def test_score_command_flag_selects_the_mode(tiny_models, tmp_path):
         args = ["score", "--pack", "spam", "--input", str(src), "--output", str(out), "--model", str(path), "--no-progress"]
         main(args + (["--special-tokens-in-fields", flag] if flag else []))
         rec = orjson.loads(out.read_bytes())
+        assert rec["pack"]["special_tokens_in_fields"] == mode
         want = Oracle(model, hf, pack, prefix_cache=False, special_tokens_in_fields=mode).score({"text": FORGED})
         for qid, lps in want.items():
             for label, lp in lps.items():

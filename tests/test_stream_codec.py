@@ -168,7 +168,7 @@ def test_dead_letter_headers_carry_the_error_kind():
 
 def test_stream_score_record_is_the_score_record_plus_source():
     score = {
-        "id": "m1", "pack": {"name": "spam", "version": "1.0.0"}, "model": MODEL.model_dump(),
+        "id": "m1", "pack": {"name": "spam", "version": "1.0.0", "special_tokens_in_fields": "plain"}, "model": MODEL.model_dump(),
         "scores": {"spam": {"answer": "no", "choices": {"yes": {"probability": 0.25, "logprob": -2.0, "floor": 0.135}, "no": {"probability": 0.75, "logprob": -0.9, "floor": 0.4}}}},
         "digest": "sha256:" + "0" * 64,
         "source": {"topic": "in", "partition": 0, "offset": 3, "timestamp": 1},
