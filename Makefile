@@ -36,9 +36,12 @@ test-fast: setup
 bench: setup
 	$(BIN)/python bench/engine_bench.py --quick
 
-# On a machine with an NVIDIA GPU: its own python with torch, triton and transformers; installs nothing.
+# On a machine with an NVIDIA GPU; installs nothing. It runs with the project's .venv when there is
+# one, else with $(PYTHON) (any python with torch, triton and transformers). Options go in ARGS,
+# e.g. `make gpu-check ARGS=--tiny` (the same check on the CPU, through Triton's interpreter).
+GPU_CHECK_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 gpu-check:
-	$(PYTHON) bench/gpu_check.py
+	$(GPU_CHECK_PYTHON) bench/gpu_check.py $(ARGS)
 
 schemas: setup
 	$(BIN)/python -m spinf_stream.schemas

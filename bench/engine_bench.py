@@ -64,7 +64,7 @@ from spinf_stream.segment import PreparedMessage  # noqa: E402
 from spinf_stream.packs import ExpandedQuestion, Pack, QuestionSpec, load_pack  # noqa: E402
 from spinf_stream.records import ErrorRecord  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data" / "bbc_news" / "dev.jsonl"
+DATA = Path(os.environ.get("SPINF_DATA_DIR", REPO.parent / "shared" / "data")) / "bbc_news" / "dev.jsonl"
 DEFAULT_PACK = REPO / "bench" / "packs" / "bbc56.yaml"
 
 FORMULA = (
@@ -82,6 +82,11 @@ FORMULA = (
 
 def select_articles(path: Path, n: int, min_words: int, max_words: int) -> list[dict[str, Any]]:
     out = []
+    if not path.is_file():
+        raise SystemExit(
+            f"engine_bench: no articles at {path}: it reads bbc_news/dev.jsonl of the data folder "
+            "(../shared/data beside the clone, or SPINF_DATA_DIR=/path/to/data), or --data FILE"
+        )
     with path.open(encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)

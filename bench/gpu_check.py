@@ -292,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU through Triton's interpreter (CI)")
     ap.add_argument("--non-invariant", action="store_true", help="also run bf16 with cuBLAS GEMMs (not batch-invariant)")
-    ap.add_argument("--shapes", nargs="*", help="subset of the shapes (default all)")
+    ap.add_argument("--shapes", nargs="*", metavar="SHAPE",
+                    help="subset of the shapes (default all): gemma3-12b, qwen3-8b; with --tiny: tiny-gemma3")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.shapes or ()) - set(configs(args.tiny)))
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; use {', '.join(configs(args.tiny))}")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     if device.type == "cpu" and not args.tiny:
         print("gpu_check: no CUDA GPU visible; use --tiny to run the check on the CPU", file=sys.stderr)

@@ -56,8 +56,8 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
         torch_module: the torch to ask (tests pass a stand-in); default: ``import torch``.
 
     Raises:
-        UsageError: an unknown value, or one this machine cannot run (the message says what to
-            use instead).
+        UsageError: an unknown value, one this machine cannot run, or a ``SPINF_KERNELS`` that
+            does not suit it (the message says what to use instead).
     """
     if not re.match(DEVICE_PATTERN, device):
         raise UsageError(f"--device {device!r} (SPINF_DEVICE): use auto, cpu, cuda or cuda:N")
@@ -106,6 +106,14 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
             f"--dtype bfloat16 (SPINF_DTYPE): {torch.cuda.get_device_name(device)} has no bfloat16 support; "
             "use --dtype float32"
         )
+    # The kernel back end (SPINF_KERNELS) must suit the choice too: found now, not after the
+    # model has loaded, and reported as a usage error.
+    from .models.backend import choose as choose_kernels
+
+    try:
+        choose_kernels(device, dtype=dtype)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return Placement(device=device, dtype=dtype)
 
 

@@ -48,7 +48,10 @@ class ModelRef(BaseModel):
     )
     device: Literal["cpu", "cuda"]
     dtype: Literal["float32", "bfloat16", "float16", "fp8"] = Field(description="Weights and activations.")
-    kernels: Literal["torch", "triton"] = Field(description="torch ops, or the project's Triton kernels.")
+    kernels: Literal["torch", "triton", "cublas"] = Field(
+        description="torch ops, the project's Triton kernels, or (SPINF_KERNELS=cublas, not batch-invariant) "
+        "cuBLAS GEMMs with the Triton kernels elsewhere.",
+    )
 
 
 class ChoiceScore(BaseModel):

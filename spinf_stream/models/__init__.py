@@ -151,7 +151,7 @@ def load_decoder(
     from transformers import AutoConfig
 
     path = Path(path)
-    backend = Backend(choose(device, kernels))
+    backend = Backend(choose(device, kernels, dtype))
     config = AutoConfig.from_pretrained(str(path))
     spec = spec_for(config)
     return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device, backend=backend)

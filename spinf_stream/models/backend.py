@@ -58,13 +58,16 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "on", "yes"}
 
 
-def choose(device: torch.device | str, requested: str | None = None) -> str:
+def choose(device: torch.device | str, requested: str | None = None, dtype: torch.dtype | str | None = None) -> str:
     """The back end for ``device``: ``requested`` if given, else ``triton`` on CUDA, else
-    ``triton`` when ``SPINF_KERNELS=triton``, else ``torch``.
+    ``triton`` when ``SPINF_KERNELS=triton``, else ``torch``. ``dtype``: the activations' dtype
+    (``None``: not checked).
 
     Raises:
-        ValueError: an unknown name, ``torch``/``cublas`` asked for where they cannot run, or
-            ``triton`` on the CPU without ``TRITON_INTERPRET=1``.
+        ValueError: an unknown name, ``torch``/``cublas`` asked for where they cannot run,
+            ``triton`` on the CPU without ``TRITON_INTERPRET=1``, or ``triton`` on the CPU in a
+            dtype other than float32 (the interpreter computes a bfloat16 ``tl.dot`` on the raw
+            16-bit integers: its scores would be garbage).
     """
     dev = torch.device(device)
     env = os.environ.get(KERNELS_ENV, "").strip().lower() or None
@@ -79,6 +82,11 @@ def choose(device: torch.device | str, requested: str | None = None) -> str:
         raise ValueError(
             "SPINF_KERNELS=triton on the CPU runs the kernels in Triton's interpreter: also set "
             "TRITON_INTERPRET=1 (before anything imports triton)"
+        )
+    if dev.type != "cuda" and name == "triton" and dtype not in (None, "float32", torch.float32):
+        raise ValueError(
+            f"SPINF_KERNELS=triton on the CPU runs in float32 only (Triton's interpreter computes a {dtype} "
+            "matmul wrong); use --dtype float32, or unset SPINF_KERNELS"
         )
     return name
 
