@@ -97,6 +97,7 @@ CASES = [
     ("heartbeat above session timeout", lambda f: ["run", "--heartbeat-interval-ms", "50000"], {}, ["--heartbeat-interval-ms 50000 must be below --session-timeout-ms"], False),
     ("unknown device", lambda f: score(f, "--device", "gpu"), {}, ["--device gpu", "auto, cpu, cuda or cuda:N"], False),
     ("fp8 on the CPU", lambda f: score(f, "--device", "cpu", "--dtype", "fp8"), {}, ["--dtype fp8", "use --dtype float32"], False),
+    ("dev with fp8 on the CPU, before its broker starts", lambda f: ["dev", "--device", "cpu", "--dtype", "fp8", "--port", "0"], {}, ["--dtype fp8", "use --dtype float32"], False),
     ("unknown kernel back end", lambda f: score(f), {"SPINF_KERNELS": "bogus"}, ["SPINF_KERNELS='bogus'", "torch, triton, cublas"], False),
     ("triton on the CPU without the interpreter", lambda f: score(f, "--device", "cpu"), {"SPINF_KERNELS": "triton", "TRITON_INTERPRET": "0"}, ["SPINF_KERNELS=triton", "TRITON_INTERPRET=1"], False),
     ("triton on the CPU in bfloat16", lambda f: score(f, "--device", "cpu", "--dtype", "bfloat16"), {"SPINF_KERNELS": "triton", "TRITON_INTERPRET": "1"}, ["float32 only", "--dtype float32"], False),

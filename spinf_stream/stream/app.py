@@ -84,15 +84,19 @@ def load_engine_timed(settings: ScoringSettings, telemetry: StreamTelemetry) -> 
 
 def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
     """What ``run`` and ``dev`` can check in milliseconds: the pack (and that ``--input-format
-    text`` has one field to fill) and, with ``model``, the model reference (that imports torch,
-    so it comes after the broker checks). Raises ``UsageError``, ``PackError``,
-    ``CalibrationError``, ``ModelNotInstalled`` or ``ModelLoadError``."""
+    text`` has one field to fill) and, with ``model``, the model reference and ``--device``/
+    ``--dtype`` (with ``SPINF_KERNELS``) on this machine (they import torch, so they come after the
+    broker checks). Raises ``UsageError``, ``PackError``, ``CalibrationError``,
+    ``ModelNotInstalled`` or ``ModelLoadError``."""
     from spinf_stream.preflight import check_calibration, check_model_reference, check_pack
 
     pack = check_pack(settings.pack, settings.input_format)
     check_calibration(settings.calibration, pack)
     if model:
         check_model_reference(settings.model)
+        from spinf_stream.device import choose
+
+        choose(settings.device, settings.dtype)  # before dev starts its broker, not after
 
 
 def prepare_engine_thread() -> int:
