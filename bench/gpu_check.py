@@ -295,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="*", metavar="SHAPE",
                     help="subset of the shapes (default all): gemma3-12b, qwen3-8b; with --tiny: tiny-gemma3")
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.shapes or ()) - set(configs(args.tiny)))
+    shapes = configs(args.tiny)
+    unknown = sorted(set(args.shapes or ()) - set(shapes))
     if unknown:
-        ap.error(f"unknown shape(s) {', '.join(unknown)}; use {', '.join(configs(args.tiny))}")
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; use {', '.join(shapes)}")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     if device.type == "cpu" and not args.tiny:
         print("gpu_check: no CUDA GPU visible; use --tiny to run the check on the CPU", file=sys.stderr)
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [("bfloat16", "triton")] + ([("fp8", "triton")] if fp8_ok else [])
         if args.non_invariant:
             settings.append(("bfloat16", "cublas"))
-    for name, config in configs(args.tiny).items():
+    for name, config in shapes.items():
         if args.shapes and name not in args.shapes:
             continue
         model, sd = build(config, device, 0)

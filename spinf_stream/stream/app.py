@@ -88,14 +88,13 @@ def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
     ``--dtype`` (with ``SPINF_KERNELS``) on this machine (they import torch, so they come after the
     broker checks). Raises ``UsageError``, ``PackError``, ``CalibrationError``,
     ``ModelNotInstalled`` or ``ModelLoadError``."""
+    from spinf_stream.device import choose
     from spinf_stream.preflight import check_calibration, check_model_reference, check_pack
 
     pack = check_pack(settings.pack, settings.input_format)
     check_calibration(settings.calibration, pack)
     if model:
         check_model_reference(settings.model)
-        from spinf_stream.device import choose
-
         choose(settings.device, settings.dtype)  # before dev starts its broker, not after
 
 
