@@ -421,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     messages = [Message(id=a["id"], fields={f: a[f] for f in pack.fields}) for a in articles]
 
     t0 = time.perf_counter()
-    engine = Engine.load(model=args.model, pack=pack, token_budget=args.token_budget)
+    # the engine's compute workers: as many as the torch threads of the baselines
+    engine = Engine.load(model=args.model, pack=pack, token_budget=args.token_budget, threads=torch.get_num_threads())
     load_s = time.perf_counter() - t0
     fm = FlopModel.of(engine)
     nq = len(engine.questions)
@@ -503,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"spinf-stream engine bench: model {engine.model_name}, fp32, CPU, {torch.get_num_threads()} threads{threads_note}, "
-        f"torch {torch.__version__}"
+        f"torch {torch.__version__}; engine numerics: {engine.model_info.numerics.library}, {engine.model_info.numerics.tiles}"
     )
     print(
         f"workload: {len(messages)} BBC articles of {args.min_words}-{args.max_words} words (mean {sum(words) / len(words):.0f}) "

@@ -15,7 +15,8 @@ transformers' own classes so the baselines run the same weights.
 First a small fp32 parity check of the Triton path against the torch path on the GPU. Then one
 JSON line per (shape, setting): questions/s, tokens/s, achieved TFLOP/s and MFU against a GEMM
 peak measured in this run (bf16 ``torch.mm`` 8192³; fp8 ``torch._scaled_mm``), peak GPU memory,
-``digests_equal`` (every document scored alone = in the full batch = in reverse order), and the
+``digests_equal`` (every document scored alone = in the full batch = in reverse order = shuffled =
+with a quarter of the token budget = with a budget below one document), and the
 same workload through transformers on the same weights and GPU: (a) one prompt per question (one
 question sampled per document) and (b) the document's KV cache reused for every question, as
 ratios of questions/s. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
@@ -50,7 +51,7 @@ import torch  # noqa: E402
 from spinf_stream.runner import score_passes  # noqa: E402
 from spinf_stream.layout import plan_passes  # noqa: E402
 from spinf_stream.models import build_decoder, spec_for  # noqa: E402
-from spinf_stream.models.backend import Backend  # noqa: E402
+from spinf_stream.models.backend import make_backend  # noqa: E402
 from spinf_stream.models.decoder import Decoder  # noqa: E402
 from spinf_stream.segment import Branch, PreparedMessage  # noqa: E402
 
@@ -227,7 +228,7 @@ def build(config: Any, device: torch.device, seed: int) -> tuple[Any, dict[str, 
 
 def decoder_for(config: Any, sd: dict[str, torch.Tensor], dtype: str, device: torch.device, kernels: str) -> Decoder:
     torch_dtype: torch.dtype | str = "fp8" if dtype == "fp8" else getattr(torch, dtype)
-    return build_decoder(spec_for(config), sd, dtype=torch_dtype, device=device, backend=Backend(kernels))
+    return build_decoder(spec_for(config), sd, dtype=torch_dtype, device=device, backend=make_backend(kernels))
 
 
 def parity_check(device: torch.device) -> dict[str, Any]:
@@ -266,7 +267,16 @@ def run_setting(
     peak = peaks["fp8" if dtype == "fp8" else "bf16"]
     reverse = score_passes(decoder, prepared[::-1], budget, None, 0, n_choices)[0][::-1]
     alone = [score_passes(decoder, [m], budget, None, 0, n_choices)[0][0] for m in prepared]
-    d_batch, d_rev, d_alone = ([digest(s) for s in sums] for sums in (batch, reverse, alone))
+    order = list(range(len(prepared)))
+    random.Random(16).shuffle(order)
+    shuffled_sums = score_passes(decoder, [prepared[i] for i in order], budget, None, 0, n_choices)[0]
+    shuffled = [shuffled_sums[order.index(i)] for i in range(len(prepared))]
+    # smaller budgets: a quarter of the batch per pass, and less than one document (its questions
+    # spread over passes with its content carried)
+    small = [budget // 4, max(prepared[0].n_tokens // 3, 8)]
+    budgets = {b: score_passes(decoder, prepared, b, None, 0, n_choices)[0] for b in small}
+    d_batch, d_rev, d_alone, d_shuf = ([digest(s) for s in sums] for sums in (batch, reverse, alone, shuffled))
+    d_budgets = {b: [digest(s) for s in sums] for b, sums in budgets.items()}
     kv_q, kv_s = baselines["kv_reuse"]
     pp_q, pp_s = baselines["prompt_per_question"]
     qps = questions / seconds
@@ -276,9 +286,11 @@ def run_setting(
         "seconds": round(seconds, 4), "questions_per_s": round(qps, 1), "tokens_per_s": round(stats.tokens_computed / seconds, 1),
         "tflops": round(flops / seconds / 1e12, 3), "peak_tflops": round(peak / 1e12, 3), "mfu": round(flops / seconds / peak, 4),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
-        "digests_equal": d_batch == d_rev == d_alone,
+        "digests_equal": d_batch == d_rev == d_alone == d_shuf and all(d == d_batch for d in d_budgets.values()),
         "digests_alone_vs_batch": sum(a == b for a, b in zip(d_alone, d_batch)),
         "digests_reverse_vs_batch": sum(a == b for a, b in zip(d_rev, d_batch)),
+        "digests_shuffled_vs_batch": sum(a == b for a, b in zip(d_shuf, d_batch)),
+        **{f"digests_budget_{b}_vs_batch": sum(a == c for a, c in zip(d, d_batch)) for b, d in d_budgets.items()},
         "hf_kv_reuse_qps": round(kv_q / kv_s, 1), "hf_prompt_per_question_qps": round(pp_q / pp_s, 2),
         "ratio_vs_kv_reuse": round(qps / (kv_q / kv_s), 2), "ratio_vs_prompt_per_question": round(qps / (pp_q / pp_s), 2),
     }
@@ -311,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         cc = torch.cuda.get_device_capability(device)
         info.update(gpu=torch.cuda.get_device_name(device), capability=f"{cc[0]}.{cc[1]}")
+    from spinf_stream.models.numerics import describe
+
+    n = describe(device, "triton", torch.float32 if args.tiny else torch.bfloat16)
+    info.update(numerics={"isa": n.isa, "library": n.library, "tiles": n.tiles})
         fp8_ok = cc >= (8, 9)
     print(json.dumps(info), flush=True)
     print(json.dumps(parity_check(device)), flush=True)

@@ -189,9 +189,11 @@ class TransformersOracle:
 
 class EngineOracle:
     def __init__(self, model_ref: str, pack: Pack):
+        import torch
+
         from spinf_stream.engine import Engine
 
-        self.engine = Engine.load(model=model_ref, pack=str(pack.source), token_budget=16384)
+        self.engine = Engine.load(model=model_ref, pack=str(pack.source), token_budget=16384, threads=torch.get_num_threads())
         self.name = self.engine.model_name
         self.notes: dict[str, set[str]] = {}
 

@@ -457,14 +457,14 @@ def main() -> None:
     engine_thread = EngineThread()
     threads = engine_thread.call(prepare_engine_thread)
     engine = engine_thread.call(
-        Engine.load, model=args.model, pack=args.pack, token_budget=args.token_budget, device=args.device
+        Engine.load, model=args.model, pack=args.pack, token_budget=args.token_budget, device=args.device, threads=threads,
     )
     engine_thread.call(engine.score, [Message(id=m["id"], fields=m) for m in messages[:16]])  # warm-up
     clock = PassClock(engine)
     omp = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
     print(f"model {engine.model_name}  pack {engine.pack.name}@{engine.pack.version}  device {args.device}  "
           f"messages {len(messages)} ({args.dataset})  token budget {args.token_budget}  window {args.window_ms} ms")
-    print(f"threads: engine 1 (loads and runs every pass, offline and stream) with {threads} torch compute threads; "
+    print(f"threads: engine 1 (loads and runs every pass, offline and stream) with {threads} compute workers of one torch thread each; "
           f"tokenization 1; event loop 1   {omp or '(no OMP_* overrides)'}")
 
     phases: list[Phase] = []

@@ -47,6 +47,7 @@ USAGE_ERRORS = (
     ("spinf_stream.stream.broker", "BrokerError"),
     ("spinf_stream.calibration", "CalibrationError"),
     ("spinf_stream.labelled", "LabelledInputError"),
+    ("spinf_stream.models.numerics", "UnstableBits"),
 )
 
 

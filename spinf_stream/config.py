@@ -84,6 +84,15 @@ def calibration_field() -> Any:
                  json_schema_extra=plain("FILE|auto|none"))
 
 
+def allow_unstable_bits_field() -> Any:
+    """``--allow-unstable-bits``: score even when the bits probe fails."""
+    return Field(
+        False,
+        description="Score even when the check at load finds that this machine's BLAS would make a message's bits "
+        "depend on its batch (records then say bits_probe: failed); default: refuse with exit code 2.",
+    )
+
+
 def token_budget_field(description: str = "Tokens per forward pass (scores do not depend on it).") -> Any:
     """``--token-budget``: at least 64 tokens."""
     return Field(DEFAULT_TOKEN_BUDGET, ge=64, description=description)
@@ -205,6 +214,7 @@ class ScoringSettings(BaseSettings):
     device: str = device_field()
     dtype: DType = dtype_field()
     calibration: str = calibration_field()
+    allow_unstable_bits: bool = allow_unstable_bits_field()
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
     token_budget: int = token_budget_field("Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")

@@ -11,7 +11,6 @@ torch is imported on first use only, so that a typo in another flag is reported 
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import Any, get_args
 
 from .config import DEVICE_PATTERN, DType
 from .errors import UsageError
+from .cpus import compute_threads, usable_cpus
 
 __all__ = [
     "DEVICE_PATTERN", "DTYPES", "FP8_MIN_CAPABILITY", "Placement", "choose", "describe_runtime", "size_cpu_threads",
@@ -56,8 +56,9 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
         torch_module: the torch to ask (tests pass a stand-in); default: ``import torch``.
 
     Raises:
-        UsageError: an unknown value, one this machine cannot run, or a ``SPINF_KERNELS`` that
-            does not suit it (the message says what to use instead).
+        UsageError: an unknown value, one this machine cannot run, a ``SPINF_KERNELS`` that
+            does not suit it, or (on the CPU) an ``OMP_NUM_THREADS`` that is not a positive
+            integer (the message says what to use instead).
     """
     if not re.match(DEVICE_PATTERN, device):
         raise UsageError(f"--device {device!r} (SPINF_DEVICE): use auto, cpu, cuda or cuda:N")
@@ -112,59 +113,19 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
 
     try:
         choose_kernels(device, dtype=dtype)
+        if not on_gpu:
+            compute_threads()  # OMP_NUM_THREADS sizes the CPU engine's compute workers
     except ValueError as e:
         raise UsageError(str(e)) from None
     return Placement(device=device, dtype=dtype)
 
 
-def _cgroup_cpu_quota(root: Path) -> float | None:
-    """CPUs the cgroup may use per period (``quota / period``), or ``None`` when unlimited or unknown.
-    cgroup v2 ``cpu.max`` (``"max 100000"`` or ``"150000 100000"``), else v1 ``cpu.cfs_quota_us`` /
-    ``cpu.cfs_period_us`` (quota ``-1`` = unlimited). Read where a container sees its own group."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
-    except (OSError, ValueError):
-        return None
-
-
-def usable_cpus(cgroup_root: str | Path = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask (``os.sched_getaffinity``; ``os.cpu_count``
-    where that does not exist), capped by its cgroup's CPU quota rounded down, at least 1.
-
-    The quota matters in containers: a pod limited to 2 CPUs on a 64-core node still sees 64 CPUs
-    in its affinity mask, and 64 compute threads throttled to 2 CPUs' worth of time would stall
-    each other at every barrier.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota(Path(cgroup_root))
-    if quota is not None:
-        cpus = min(cpus, math.floor(quota))
-    return max(1, cpus)
-
-
-def size_cpu_threads(*, environ: Mapping[str, str] | None = None, torch_module: Any = None,
-                     cgroup_root: str | Path = "/sys/fs/cgroup") -> int:
-    """Set torch's intra-op (compute) threads for the engine and return their number:
-    ``OMP_NUM_THREADS`` when it is set (the standard knob, which torch reads itself), else
-    :func:`usable_cpus`. Call it on the engine thread before its first op (the rule and its
-    measurements: README, "The service").
-    """
-    environ = os.environ if environ is None else environ
-    if torch_module is None:
-        import torch as torch_module
-    if not environ.get("OMP_NUM_THREADS", "").strip():
-        torch_module.set_num_threads(usable_cpus(cgroup_root))
-    return int(torch_module.get_num_threads())
+def size_cpu_threads(*, environ: Mapping[str, str] | None = None, cgroup_root: str | Path = "/sys/fs/cgroup") -> int:
+    """The CPU engine's compute workers: ``OMP_NUM_THREADS`` when it is set (the standard knob),
+    else :func:`usable_cpus` (see :func:`spinf_stream.cpus.compute_threads`; the rule and its
+    measurements: README, "The service"). Every worker runs torch with one intra-op
+    thread, so the bits do not depend on this number."""
+    return compute_threads(environ=environ, cgroup_root=cgroup_root)
 
 
 def _version(dist: str) -> str:

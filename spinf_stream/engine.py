@@ -7,6 +7,7 @@ are all the stream calls.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,10 +25,13 @@ from .models.decoder import LayerKV
 from .runner import RunStats, score_passes
 from .packs import Pack, load_pack
 from .config import DEFAULT_TOKEN_BUDGET
-from .records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
+from .models import numerics
+from .records import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
 
 if TYPE_CHECKING:
     from .calibration import Calibration
+
+log = logging.getLogger(__name__)
 
 #: dtype names written in records (``fp8`` is named by ``Engine.load``'s caller)
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -62,8 +66,12 @@ class Engine:
             ``special_tokens_in_fields`` (see :mod:`spinf_stream.tokenizer`).
         calibration: per-question maps applied to every record (already checked against this
             pack file and model, see ``spinf_stream.calibration.resolve``), or ``None``.
+        allow_unstable_bits: score even when the bits probe fails on this machine (records then
+            say ``"bits_probe": "failed"``); default: refuse.
 
     Raises:
+        spinf_stream.models.numerics.UnstableBits: the bits probe failed (the message names the
+            shape and the BLAS) and ``allow_unstable_bits`` is not set.
         spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
         spinf_stream.calibration.CalibrationError: a calibration of other questions or choices.
         ValueError: a bad ``token_budget`` or ``special_tokens_in_fields``.
@@ -73,9 +81,17 @@ class Engine:
         self, decoder: Decoder, tokenizer: Any, pack: Pack, model_name: str,
         token_budget: int = DEFAULT_TOKEN_BUDGET, special_tokens_in_fields: SpecialTokensInFields | None = None,
         *, model_sha256: str | None = None, dtype_name: str | None = None, calibration: Calibration | None = None,
+        allow_unstable_bits: bool = False,
     ) -> None:
         if token_budget < 1:
             raise ValueError("token_budget must be a positive number of tokens")
+        # before anything runs: the machine must compute a row's bits the way the engine relies on
+        described = numerics.describe(decoder.device, decoder.backend.name, decoder.dtype)
+        probe = numerics.check_bits(decoder, allow_unstable_bits)
+        self.numerics = NumericsRef(
+            isa=described.isa, library=described.library, tiles=described.tiles,
+            bits_probe=probe or described.bits_probe,
+        )
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.pack = pack
@@ -100,7 +116,8 @@ class Engine:
         cls, model: str, pack: str | Path | Pack, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
         dtype: torch.dtype | str = torch.float32, device: str = "cpu", kernels: str | None = None,
         special_tokens_in_fields: SpecialTokensInFields | None = None,
-        calibration: str | Path | Calibration | None = "auto",
+        calibration: str | Path | Calibration | None = "auto", allow_unstable_bits: bool = False,
+        threads: int | None = None,
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
@@ -112,10 +129,12 @@ class Engine:
         ``special_tokens_in_fields`` overrides the pack's (``None``: keep it); see :class:`Engine`.
         ``calibration``: ``"auto"`` (the pack's shipped calibration for this model, if any),
         ``"none"``/``None``, a calibration file, or a :class:`~spinf_stream.calibration.Calibration`.
+        ``allow_unstable_bits``: see :class:`Engine`. ``threads``: the CPU engine's compute
+        workers (default :func:`spinf_stream.cpus.compute_threads`; scores do not depend on it).
 
         Raises:
             spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError,
-            spinf_stream.calibration.CalibrationError;
+            spinf_stream.calibration.CalibrationError, spinf_stream.models.numerics.UnstableBits;
             ValueError: a kernel back end that cannot run on ``device``.
         """
         from transformers import AutoTokenizer
@@ -131,19 +150,20 @@ class Engine:
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
         chosen = cal.resolve(calibration, pk, resolved)  # before the weights: a wrong file fails fast
-        decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels)
+        decoder = load_decoder(resolved.path, dtype=dtype, device=device, kernels=kernels, threads=threads)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
         return cls(
             decoder, tokenizer, pk, resolved.name, token_budget, special_tokens_in_fields,
             model_sha256=resolved.weights_sha256, dtype_name="fp8" if dtype == "fp8" else None,
-            calibration=chosen,
+            calibration=chosen, allow_unstable_bits=allow_unstable_bits,
         )
 
     @property
     def model_info(self) -> ModelRef:
-        """The ``model`` block of every record: name, weights' sha256, device, dtype, kernels."""
+        """The ``model`` block of every record: name, weights' sha256, device, dtype, kernels, numerics."""
         return ModelRef(
-            name=self.model_name, sha256=self.model_sha256, device=self.device, dtype=self.dtype, kernels=self.kernels
+            name=self.model_name, sha256=self.model_sha256, device=self.device, dtype=self.dtype, kernels=self.kernels,
+            numerics=self.numerics,
         )
 
     def _prefill_preamble(self) -> LayerKV | None:

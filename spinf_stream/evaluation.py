@@ -131,10 +131,14 @@ class ModelHandle:
     cached per model weights, dtype and device (``cache_key``).
     """
 
-    def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> None:
+    def __init__(
+        self, model: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None,
+        *, allow_unstable_bits: bool = False,
+    ) -> None:
         from .models.weights import resolve
 
         self.ref, self.dtype, self.device, self.kernels = model, dtype, device, kernels
+        self.allow_unstable_bits = allow_unstable_bits
         self.resolved = resolve(model)
         self._identity: cal.ModelIdentity | None = None
         self._loaded: tuple[Any, Any] | None = None
@@ -150,8 +154,21 @@ class ModelHandle:
         return self._identity
 
     def cache_key(self) -> str:
+        """Weights, dtype, device and what else decides the bits (the ``numerics`` of the records,
+        as a short hash): logprobs cached on another kind of machine are not reused here."""
+        import hashlib
+
+        import torch
+
+        from .models import numerics
+        from .models.backend import choose
+
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(self.name).name)
-        return f"{safe}-{self.identity.weights_sha256[:16]}-{self.dtype}-{self.device.split(':')[0]}"
+        dev = torch.device(self.device)
+        act = torch.bfloat16 if self.dtype == "fp8" else getattr(torch, self.dtype)
+        n = numerics.describe(dev, choose(dev, self.kernels, self.dtype), act)
+        tag = hashlib.sha256(f"{n.isa}|{n.library}|{n.tiles}".encode()).hexdigest()[:8]
+        return f"{safe}-{self.identity.weights_sha256[:16]}-{self.dtype}-{dev.type}-{tag}"
 
     def engine(self, pack: Pack, token_budget: int) -> Engine:
         """An engine for ``pack`` without calibration (raw numbers), sharing the loaded weights."""
@@ -170,6 +187,7 @@ class ModelHandle:
         return Engine(
             decoder, tokenizer, pack, self.name, token_budget,
             model_sha256=self.resolved.weights_sha256, dtype_name="fp8" if self.dtype == "fp8" else None,
+            allow_unstable_bits=self.allow_unstable_bits,
         )
 
 

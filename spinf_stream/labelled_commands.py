@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings
 from . import calibration as cal
 from .config import (
     DType,
+    allow_unstable_bits_field,
     calibration_field,
     device_field,
     dtype_field,
@@ -53,6 +54,7 @@ class _Common(BaseSettings):
     token_budget: int = token_budget_field()
     device: str = device_field()
     dtype: DType = dtype_field()
+    allow_unstable_bits: bool = allow_unstable_bits_field()
     progress: bool = Field(default=True, description="Progress bar on stderr.")
 
     def _preflight(self) -> tuple[Pack, ModelHandle]:
@@ -66,7 +68,7 @@ class _Common(BaseSettings):
         preflight.check_calibration(getattr(self, "calibration", "none"), pack)
         preflight.check_model_reference(self.model)
         placement = choose(self.device, self.dtype)
-        return pack, ModelHandle(self.model, placement.dtype, placement.device)
+        return pack, ModelHandle(self.model, placement.dtype, placement.device, allow_unstable_bits=self.allow_unstable_bits)
 
     def _score(self, pack: Pack, handle: ModelHandle) -> dict[str, QuestionData]:
         from .evaluation import LogprobCache, read_rows, report_failed, score_labelled

@@ -110,7 +110,7 @@ class BranchPlan:
     parents: tuple[int, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class MessagePlan:
     """Where one message sits in a pass, for attention (rows index the packed token axis).
 
@@ -120,12 +120,7 @@ class MessagePlan:
     ``branch_width``: the longest branch over ALL the message's branches (tokens), not only those
     in this pass, so every shape the CPU path gives this message's attention is a property of
     the message alone. ``keep_kv``: return the content's keys/values after the pass.
-
-    Derived host tensors (built once per pass, read by every layer): ``branch_rows [Nb]`` the
-    rows of its branch tokens in pass order; ``slot_rows [nbr, W]`` the rows of each branch
-    padded to ``W = width_slots`` (padding repeats the branch's first row); ``slot_index [Nb]``
-    each branch row's position in ``slot_rows.view(-1)``; ``ancestors [Nb, W]`` whether slot j
-    of its own branch is an ancestor of (or is) the row.
+    ``branches``: its branches in this pass, in order; their rows are consecutive.
     """
 
     prefix_len: int
@@ -135,52 +130,25 @@ class MessagePlan:
     keep_kv: bool
     branch_width: int
     branches: tuple[BranchPlan, ...]
-    width_slots: int = 0
-    branch_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    slot_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
-    slot_index: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    ancestors: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
 
     @property
     def n_keys(self) -> int:
         """Keys every branch token sees before its own branch: preamble + content."""
         return self.prefix_len + self.content_len
 
+    @property
+    def width_slots(self) -> int:
+        """``W``: :attr:`branch_width` rounded up to :data:`SLOT_MULTIPLE` (own-branch keys per row
+        on the CPU path)."""
+        return _round_up(max(self.branch_width, 1), SLOT_MULTIPLE)
 
-#: Branch slots are padded to a multiple of this (see models.attention: GEMM N >= 16).
+
+#: Own-branch key slots are a multiple of this (see models.attention: whole 16-float vectors).
 SLOT_MULTIPLE = 16
 
 
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
-
-
-def _plan_branches(plan: MessagePlan) -> None:
-    """Fill the derived tensors of ``plan`` from its branches."""
-    w = _round_up(max(plan.branch_width, 1), SLOT_MULTIPLE)
-    nbr = len(plan.branches)
-    rows: list[int] = []
-    slot_rows = torch.empty(nbr, w, dtype=torch.int64)
-    slot_index: list[int] = []
-    anc = []
-    for j, b in enumerate(plan.branches):
-        n = len(b.parents)
-        own = torch.arange(b.start, b.start + n)
-        slot_rows[j, :n] = own
-        slot_rows[j, n:] = b.start
-        rows.extend(range(b.start, b.start + n))
-        slot_index.extend(range(j * w, j * w + n))
-        seen = torch.zeros(n, w, dtype=torch.bool)
-        for i, p in enumerate(b.parents):
-            if p >= 0:
-                seen[i] = seen[p]
-            seen[i, i] = True
-        anc.append(seen)
-    plan.width_slots = w
-    plan.branch_rows = torch.tensor(rows, dtype=torch.int64)
-    plan.slot_rows = slot_rows
-    plan.slot_index = torch.tensor(slot_index, dtype=torch.int64)
-    plan.ancestors = torch.cat(anc) if anc else torch.zeros(0, w, dtype=torch.bool)
 
 
 @dataclass
@@ -282,9 +250,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
                     pass_segments.append((s + i, 1, s + par, True))
         read_offsets.append(offsets)
         width = max((len(b) for b in m.branches), default=1)
-        plan = MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches))
-        _plan_branches(plan)
-        plans.append(plan)
+        plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches)))
     q0 = preamble_len + sum(carried_lens)
     segments: list[tuple[int, int, int]] = []
     if preamble_len:
@@ -310,7 +276,6 @@ def preamble_pass(preamble_ids: Sequence[int]) -> PassLayout:
     keys/values are kept: ``forward`` returns them as its first kept entry."""
     n = len(preamble_ids)
     plan = MessagePlan(0, n, 0, None, True, 1, ())
-    _plan_branches(plan)
     return PassLayout(
         input_ids=torch.tensor(list(preamble_ids), dtype=torch.int64),
         positions=torch.arange(n, dtype=torch.int64),

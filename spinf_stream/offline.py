@@ -32,6 +32,7 @@ from .config import (
     LOG_LEVEL_HELP,
     DType,
     LogLevel,
+    allow_unstable_bits_field,
     calibration_field,
     device_field,
     dtype_field,
@@ -295,6 +296,7 @@ class ScoreCommand(BaseSettings):
     device: str = device_field()
     dtype: DType = dtype_field()
     calibration: str = calibration_field()
+    allow_unstable_bits: bool = allow_unstable_bits_field()
     input_format: InputFormat = Field(
         "json",
         description="json: each line is a JSON object with the pack's fields (and an optional id); text: each line is the text of the pack's one field.",
@@ -328,6 +330,7 @@ class ScoreCommand(BaseSettings):
         engine = Engine.load(
             self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device,
             special_tokens_in_fields=self.special_tokens_in_fields, calibration=self.calibration,
+            allow_unstable_bits=self.allow_unstable_bits,
         )
         info = engine.model_info
         log.info("model %s (sha256 %s) on %s in %s, kernels %s", info.name, info.sha256, placement.device, info.dtype, info.kernels)

@@ -32,11 +32,28 @@ class PackRef(BaseModel):
     )
 
 
+class NumericsRef(BaseModel):
+    """What decides a record's bits besides the model, the device and the dtype: digests are
+    comparable, and equal by construction, between records whose ``model`` blocks (this one
+    included) are equal."""
+
+    model_config = ConfigDict(extra="forbid")
+    isa: str = Field(description="Instruction-set class of the CPU kernels (avx512, avx2, ...) or the CUDA architecture (sm_90).")
+    library: str = Field(description="Kernel libraries and their versions: torch and its BLAS with the code path it picked, or Triton.")
+    tiles: str = Field(description="The fixed shapes the pass is computed in (row chunks, tiles).")
+    bits_probe: Literal["passed", "failed", "not_needed", "not_run"] = Field(
+        description="The check at load that the BLAS computes a row on its own and alike on every worker: passed; "
+        "failed (scored anyway, as --allow-unstable-bits asked: digests may differ with the batch); not_needed (no "
+        "vendor library decides a row's bits: the Triton kernels); not_run.",
+    )
+
+
 class ModelRef(BaseModel):
     """Which model produced a record, and how it ran.
 
     A score from the CPU in float32 and one from a GPU in bfloat16 agree to a few decimals, not in
-    their bits: ``device`` and ``dtype`` (with ``kernels``) say which one a digest belongs to.
+    their bits: ``device`` and ``dtype`` (with ``kernels`` and ``numerics``) say which one a
+    digest belongs to.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -52,6 +69,7 @@ class ModelRef(BaseModel):
         description="torch ops, the project's Triton kernels, or (SPINF_KERNELS=cublas, not batch-invariant) "
         "cuBLAS GEMMs with the Triton kernels elsewhere.",
     )
+    numerics: NumericsRef
 
 
 class ChoiceScore(BaseModel):

@@ -18,11 +18,13 @@ from .segment import PreparedMessage
 @dataclass(frozen=True)
 class RunStats:
     """What one :meth:`Engine.run` computed: ``passes`` forward passes over ``tokens_computed``
-    tokens fed (no padding; a message split over passes has its content computed once and
-    carried, so this equals the messages' own tokens)."""
+    rows, of which ``tokens_fed`` were the messages' own tokens (a message split over passes has
+    its content computed once and carried) and the rest padding of the back end's last row chunk
+    of each pass."""
 
     passes: int = 0
     tokens_computed: int = 0
+    tokens_fed: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,13 @@ def score_passes(
         choice's tokens, in token order), and what was computed.
     """
     sums: list[dict[int, list[float]]] = [{} for _ in prepared]
-    passes = computed = 0
+    passes = computed = fed = 0
     carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
     for works in plan_passes(prepared, token_budget):
         layout = build_pass(works, preamble_len)
-        passes, computed = passes + 1, computed + layout.n_tokens
+        chunks = decoder.backend.row_chunks(layout.n_tokens)
+        passes, fed = passes + 1, fed + layout.n_tokens
+        computed += chunks[-1].stop if chunks else 0
         hidden, kept = decoder.forward(layout, prefix, [carried[w.slot] for w in works if not w.with_content])
         carried.update(zip((w.slot for w in works if w.keep_kv), kept))
         reads = list(_reads(works, layout.read_offsets))
@@ -81,4 +85,4 @@ def score_passes(
         for w in works:
             if w.last:
                 carried.pop(w.slot, None)
-    return sums, RunStats(passes, computed)
+    return sums, RunStats(passes, computed, fed)

@@ -33,12 +33,15 @@ import orjson
 import pytest
 
 from spinf_stream.config import RunSettings
-from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef, PackRef, ScoreRecord, digest
+from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
 from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import read_topics
 from spinf_stream.stream.produce import produce_values
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.stream.topics import ensure_topics
+
+#: the numerics block of the fake scorer's records
+NUMERICS = NumericsRef(isa="avx2", library="fake", tiles="none", bits_probe="not_run")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -304,7 +307,7 @@ class FakeScorer:
 
     @property
     def model_info(self) -> ModelRef:
-        return ModelRef(name=self.model_name, sha256=None, device="cpu", dtype="float32", kernels="torch")
+        return ModelRef(name=self.model_name, sha256=None, device="cpu", dtype="float32", kernels="torch", numerics=NUMERICS)
 
     def prepare(self, messages: Sequence[Any]) -> list[Any]:
         out: list[Any] = []

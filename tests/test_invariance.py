@@ -167,18 +167,16 @@ def test_digests_are_equal_across_budgets_for_messages_longer_than_the_budget(ti
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
-def test_scores_identical_whatever_the_row_chunk_of_the_token_wise_ops(tiny_models, loaded, family, monkeypatch):
-    """On the CPU the norms, projections and MLP run over a pass in chunks of rows
-    (``decoder.CPU_ROW_CHUNK``); a row's bits must not depend on which chunk, or which place in
-    it, the row falls: chunks of 1 (GEMMs padded to 16 rows), odd and aligned sizes, and one
-    chunk for the whole pass give the same records."""
-    from spinf_stream.models import decoder as decoder_module
+def test_scores_identical_whatever_the_number_of_compute_workers(tiny_models, loaded, family):
+    """On the CPU every op runs single-threaded on one of the back end's workers; the number of
+    workers (1 to 5 here, on however many cores) must not move a bit."""
+    from spinf_stream.models import load_decoder
 
-    decoder, tok = loaded(tiny_models(family))
+    _, tok = loaded(tiny_models(family))
     msgs = _messages("sms_spam", 6)
-    e = Engine(decoder, tok, load_pack("spam"), family, token_budget=16384)
-    monkeypatch.setattr(decoder_module, "CPU_ROW_CHUNK", 1 << 30)
-    whole = _bytes(e.score(msgs))
-    for chunk in (1, 5, 37, 64):
-        monkeypatch.setattr(decoder_module, "CPU_ROW_CHUNK", chunk)
-        assert _bytes(e.score(msgs)) == whole, f"row chunk {chunk}"
+    got = {}
+    for workers in (1, 2, 3, 5):
+        decoder = load_decoder(tiny_models(family), threads=workers)
+        got[workers] = _bytes(Engine(decoder, tok, load_pack("spam"), family, token_budget=120).score(msgs))
+        decoder.backend.close()
+    assert got[1] == got[2] == got[3] == got[5]

@@ -7,14 +7,17 @@ import base64
 import orjson
 import pytest
 
-from spinf_stream.records import ModelRef
+from spinf_stream.records import ModelRef, NumericsRef
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.consume import format_record
 from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
 from spinf_stream.stream.produce import lines_of, record_key
 from spinf_stream.stream.records import DeadLetterRecord, Source, StreamScoreRecord
 
-MODEL = ModelRef(name="smollm2-135m", sha256="ab" * 32, device="cuda", dtype="bfloat16", kernels="triton")
+MODEL = ModelRef(
+    name="smollm2-135m", sha256="ab" * 32, device="cuda", dtype="bfloat16", kernels="triton",
+    numerics=NumericsRef(isa="sm_90", library="triton 3.6.0, torch 2.11.0", tiles="gemm 128x256x64", bits_probe="not_needed"),
+)
 
 
 def decode(value: bytes | None, fmt: str = "json") -> Decoded | Rejection:

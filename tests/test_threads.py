@@ -1,6 +1,6 @@
-"""Threads of the service, sized to the machine: torch's compute threads take the CPUs the process
-may use (affinity capped by the cgroup quota; ``OMP_NUM_THREADS`` overrides), and every engine
-call that computes runs on one engine thread, in order."""
+"""Threads of the service, sized to the machine: the CPU engine's compute workers take the CPUs the
+process may use (affinity capped by the cgroup quota; ``OMP_NUM_THREADS`` overrides), and every
+engine call that computes runs on one engine thread, in order."""
 
 from __future__ import annotations
 
@@ -53,27 +53,21 @@ def test_a_quota_below_one_cpu_still_leaves_one_thread(tmp_path):
     assert usable_cpus(cgroup_v2(tmp_path, "20000 100000")) == 1
 
 
-class FakeTorch:
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-
-    def set_num_threads(self, n: int) -> None:
-        self.threads = n
-
-    def get_num_threads(self) -> int:
-        return self.threads
-
-
-def test_torch_compute_threads_are_set_to_the_usable_cpus(tmp_path):
-    torch = FakeTorch(64)  # what torch picks from a host's 64 cores inside a 1-CPU container
-    got = size_cpu_threads(environ={}, torch_module=torch, cgroup_root=cgroup_v2(tmp_path, "100000 100000"))
-    assert got == torch.threads == 1
+def test_the_compute_workers_are_the_usable_cpus(tmp_path):
+    """What torch picks from a host's 64 cores inside a 1-CPU container is not what we take."""
+    assert size_cpu_threads(environ={}, cgroup_root=cgroup_v2(tmp_path, "100000 100000")) == 1
+    assert size_cpu_threads(environ={}, cgroup_root=cgroup_v2(tmp_path, "max 100000")) == AFFINITY
 
 
 def test_omp_num_threads_overrides_the_sizing(tmp_path):
-    torch = FakeTorch(3)  # torch read OMP_NUM_THREADS=3 itself
-    got = size_cpu_threads(environ={"OMP_NUM_THREADS": "3"}, torch_module=torch, cgroup_root=cgroup_v2(tmp_path, "100000 100000"))
-    assert got == torch.threads == 3
+    got = size_cpu_threads(environ={"OMP_NUM_THREADS": "3"}, cgroup_root=cgroup_v2(tmp_path, "100000 100000"))
+    assert got == 3
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "many"])
+def test_a_bad_omp_num_threads_is_refused_naming_the_variable(bad):
+    with pytest.raises(ValueError, match=f"OMP_NUM_THREADS={bad!r}: use a positive number of threads"):
+        size_cpu_threads(environ={"OMP_NUM_THREADS": bad})
 
 
 def test_the_engine_thread_runs_calls_in_order_on_one_thread():

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .backend import Backend, QuantizedWeight, choose
+from .backend import Backend, QuantizedWeight, choose, make_backend
 from .decoder import Decoder, LayerWeights, Weight
 from .spec import ModelSpec
 
@@ -137,12 +137,14 @@ def build_decoder(
 
 def load_decoder(
     path: str | Path, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-    kernels: str | None = None,
+    kernels: str | None = None, threads: int | None = None,
 ) -> Decoder:
     """Load a Hugging Face directory (``config.json`` + ``*.safetensors``) as a :class:`Decoder`.
 
     ``kernels``: the back end (``torch``, ``triton``, ``cublas``); default
     :func:`spinf_stream.models.backend.choose` for ``device`` (honours ``SPINF_KERNELS``).
+    ``threads``: the torch back end's compute workers (default
+    :func:`spinf_stream.cpus.compute_threads`).
 
     Raises:
         UnsupportedModel: unknown family. FileNotFoundError: no weights. KeyError: missing weight.
@@ -151,7 +153,7 @@ def load_decoder(
     from transformers import AutoConfig
 
     path = Path(path)
-    backend = Backend(choose(device, kernels, dtype))
+    backend = make_backend(choose(device, kernels, dtype), threads=threads)
     config = AutoConfig.from_pretrained(str(path))
     spec = spec_for(config)
     return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device, backend=backend)

@@ -6,28 +6,29 @@ Every query attends to exactly its ancestors (DESIGN.md "Mask"): a content token
 message's preamble and its own content up to itself; a branch token to the preamble, the whole
 content and its own branch's ancestors. Never another message or branch.
 
-Batch invariance on the CPU — the rule, measured on this kind of machine (oneDNN/MKL sgemm, and
-checked by ``tests/test_attention.py`` for every family's shape): *a GEMM row's bits are
-independent of the other rows and of the row's place when M >= 16 and N >= 12*; below that (GEMV
-paths, small-N kernels) they are not (N in {1, 5, 6, 7, 9, 10, 11} fails). So every GEMM here has
-M >= 16 (queries padded up) and N a multiple of 16 (keys padded, masked), and every shape is a
-property of the message alone:
+Batch invariance: every op runs single-threaded on one of the back end's workers
+(:class:`~spinf_stream.models.workers.ComputePool`), on units whose every shape is a property of
+the message alone or a fixed constant, never of the pass:
 
 - content queries, in blocks of :data:`CONTENT_BLOCK` aligned to the message's first content
-  token, against the message's keys ``[preamble | content]`` up to the block's end;
-- all the message's branch rows in this pass at once against ``[preamble | content]`` (rows are
-  independent, so it does not matter which of its branches share the pass); their own-branch
-  keys as one small ``[W, W]`` block per branch, ``W`` = the message's longest branch rounded up
-  to 16 (a batched GEMM whose items are independent of their batch);
-- one softmax per query over ``[preamble | content | own branch]`` of a width fixed by the
-  message; softmax and elementwise ops reduce each row on its own.
+  token, against the message's keys ``[preamble | content]`` up to the block's end (padded to a
+  multiple of :data:`KEY_MULTIPLE`, masked);
+- branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded by repeating its first row),
+  against ``[preamble | content]``, and each row against the slots of its own branch
+  (``W`` = the message's longest branch rounded up to :data:`~spinf_stream.layout.SLOT_MULTIPLE`),
+  one softmax over both parts. Which branches share a chunk depends on the pass; a row's bits do
+  not, by the BLAS property the bits probe checks (:mod:`spinf_stream.models.numerics`): a GEMM
+  row's bits do not depend on the other rows of a fixed-shape GEMM nor on the row's place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import torch
+import torch.nn.functional as F
 
 from ..layout import MessagePlan, PassLayout
 from .blocks import Scratch
@@ -35,13 +36,35 @@ from .blocks import Scratch
 #: Content queries attended together, aligned to the message's first content token: smaller
 #: blocks compute less of the masked upper triangle (128: +3-5 % engine_bench over 256; 64 no better).
 CONTENT_BLOCK = 128
-#: Keys are padded to a multiple of this: GEMM N >= 16 (see the module docstring).
+#: Branch rows of one message attended together (the last chunk padded).
+BRANCH_ROWS = 32
+#: Keys are padded to a multiple of this (every row of a score matrix is a whole number of
+#: 16-float vectors: no scalar tail in the elementwise ops).
 KEY_MULTIPLE = 16
-#: Fewest GEMM rows: smaller M takes other BLAS code paths whose bits depend on M.
+#: Fewest GEMM rows: smaller M takes other BLAS code paths (GEMV).
 MIN_ROWS = 16
 
 #: Per layer: the preamble's or a carried content's ``(keys, values)``, each ``[n, Hkv, D]``.
 KV = tuple[torch.Tensor, torch.Tensor]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Executor(Protocol):
+    """Runs independent units of work (:class:`~spinf_stream.models.workers.ComputePool`)."""
+
+    def map(self, fn: Callable[[T, Scratch], R], items: Sequence[T]) -> list[R]: ...
+
+
+class _Inline:
+    """Units run one after the other on the calling thread, with its torch thread setting."""
+
+    def __init__(self) -> None:
+        self.scratch = Scratch()
+
+    def map(self, fn: Callable[[T, Scratch], R], items: Sequence[T]) -> list[R]:
+        return [fn(it, self.scratch) for it in items]
 
 
 def _round_up(n: int, k: int) -> int:
@@ -61,8 +84,7 @@ def _per_head_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
     """``a [H, M, K] @ b [H, K, N] -> [H, M, N]`` as H separate GEMMs (``b`` may be a transposed
     view). Why not ``torch.bmm``: for the few heads of a KV group it runs at about half the speed
     of one GEMM per head on this CPU (measured: ``[3, 1791, 64] x [3, 64, 656]`` 4.8 ms against
-    2.4 ms; ``[3, 1791, 656] x [3, 656, 64]`` 3.5 against 2.6). Each head is its own GEMM, so the
-    row rule of the module docstring holds per head."""
+    2.4 ms)."""
     if out is None:
         out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     for h in range(a.shape[0]):
@@ -75,12 +97,64 @@ def _softcap(s: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 @dataclass
-class _MessageMasks:
-    """Host-side masks of one message, built once per pass (no window), shared by every layer."""
+class _BranchChunk:
+    """:data:`BRANCH_ROWS` consecutive branch rows of one message: pass rows ``[start, start + n)``
+    (a chunk is padded past ``n`` with zero queries, whose results are dropped).
 
-    content_blocks: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)  # (i0, i1, N, hidden [n, N])
-    branch_qpos: torch.Tensor | None = None  # [Nb] logical positions of the branch rows
-    slot_pos: torch.Tensor | None = None  # [Nb, W] logical positions of the own-branch slots
+    Own-branch keys are read through a window of ``W`` rows ending at each row: window slot
+    ``p`` of row ``i`` is pass row ``i - W + 1 + p``. A key's slot is fixed by its distance to the
+    row within their branch, so the order in which a row's own-branch terms are summed is a
+    property of the branch alone. ``hide_own [BR, W]``: slots that are not the row's ancestors
+    (or itself); ``qpos [BR]``, ``own_pos [BR, W]``: logical positions (for sliding windows)."""
+
+    start: int
+    n: int
+    hide_own: torch.Tensor
+    qpos: torch.Tensor
+    own_pos: torch.Tensor
+
+
+@dataclass
+class _MessageUnits:
+    """Host-side plan of one message, built once per pass and shared by every layer."""
+
+    content_blocks: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)  # (i0, i1, N, hidden [n, n])
+    branch_chunks: list[_BranchChunk] = field(default_factory=list)
+
+
+def _branch_chunks(m: MessagePlan, pos: torch.Tensor, device: torch.device) -> list[_BranchChunk]:
+    """The message's branch rows (consecutive in the pass) cut into chunks of :data:`BRANCH_ROWS`."""
+    if not m.branches:
+        return []
+    w = m.width_slots
+    first = m.branches[0].start
+    nb = sum(len(b.parents) for b in m.branches)
+    last = m.branches[-1]
+    assert last.start + len(last.parents) - first == nb, "a message's branch rows are consecutive in its pass"
+    hide = torch.ones(nb, w, dtype=torch.bool)
+    for b in m.branches:
+        ancestors: list[list[int]] = []  # per branch row: its own ancestors (branch-local), itself first
+        for i, par in enumerate(b.parents):
+            ancestors.append([i, *(ancestors[par] if par >= 0 else [])])
+            row = b.start - first + i
+            for a in ancestors[i]:
+                hide[row, w - 1 - (i - a)] = False
+    n_pass = pos.shape[0]
+    chunks = []
+    for c0 in range(0, nb, BRANCH_ROWS):
+        n = min(BRANCH_ROWS, nb - c0)
+        start = first + c0
+        rows = torch.arange(start, start + BRANCH_ROWS)
+        h = torch.ones(BRANCH_ROWS, w, dtype=torch.bool)
+        h[:n] = hide[c0 : c0 + n]
+        h[n:, w - 1] = False  # a padding row sees itself (no row of all -inf)
+        key_rows = rows[:, None] - (w - 1) + torch.arange(w)[None, :]
+        own_pos = pos[key_rows.clamp(0, n_pass - 1)]
+        chunks.append(_BranchChunk(
+            start=start, n=n, hide_own=h.to(device), qpos=pos[rows.clamp(max=n_pass - 1)].to(device),
+            own_pos=own_pos.to(device),
+        ))
+    return chunks
 
 
 class TorchAttention:
@@ -89,43 +163,44 @@ class TorchAttention:
     Args:
         layout: the pass (its positions and per-message plans).
         device: where q/k/v live (masks are moved there once).
+        executor: runs the units (the back end's :class:`~spinf_stream.models.workers.ComputePool`);
+            default: one after the other on the calling thread.
     """
 
-    def __init__(self, layout: PassLayout, device: torch.device | str = "cpu") -> None:
+    def __init__(self, layout: PassLayout, device: torch.device | str = "cpu", executor: Executor | None = None) -> None:
         self.layout = layout
         self.device = torch.device(device)
+        self.executor: Executor = executor or _Inline()
         pos = layout.positions
-        self.masks: list[_MessageMasks] = []
-        for m in layout.messages:
-            mm = _MessageMasks()
+        self.units: list[_MessageUnits] = []
+        self.work: list[tuple[int, int, int]] = []  # (message, 0 = content block / 1 = branch chunk, index)
+        for i, m in enumerate(layout.messages):
+            mu = _MessageUnits()
             P, L = m.prefix_len, m.content_len
             if m.content_start is not None:
                 for i0 in range(0, L, CONTENT_BLOCK):
                     i1 = min(i0 + CONTENT_BLOCK, L)
                     N = _round_up(P + i1, KEY_MULTIPLE)
                     qp = torch.arange(P + i0, P + i1)
-                    hidden = torch.arange(N)[None, :] > qp[:, None]  # causal: later keys and padding
-                    mm.content_blocks.append((i0, i1, N, hidden.to(self.device)))
-            if m.branches:
-                mm.branch_qpos = pos[m.branch_rows].to(self.device)
-                slots = pos[m.slot_rows.reshape(-1)].view(m.slot_rows.shape)  # [nbr, W]
-                owner = torch.repeat_interleave(
-                    torch.arange(len(m.branches)), torch.tensor([len(b.parents) for b in m.branches])
-                )
-                mm.slot_pos = slots[owner].to(self.device)
-            self.masks.append(mm)
-        self._moved: dict[int, tuple[torch.Tensor, ...]] = {}
-        # a message's score matrices (~10 MB) live in one buffer reused by every message and
-        # layer of the pass: fresh ones page-fault (see blocks.Scratch)
-        self._scratch = Scratch()
+                    # keys before the block are all visible: only [P + i0, N) needs a mask
+                    hidden = torch.arange(P + i0, N)[None, :] > qp[:, None]  # causal: later keys and padding
+                    mu.content_blocks.append((i0, i1, N, hidden.to(self.device)))
+            mu.branch_chunks = _branch_chunks(m, pos, self.device)
+            self.work.extend((i, 0, j) for j in range(len(mu.content_blocks)))
+            self.work.extend((i, 1, j) for j in range(len(mu.branch_chunks)))
+            self.units.append(mu)
+        # the largest units first, so that the workers finish together
+        self.work.sort(key=lambda w: -self._cost(w))
+        self._out: torch.Tensor | None = None
+        self._visible_masks: dict[tuple[int, int | None], torch.Tensor] = {}
 
-    def _index(self, i: int, m: MessagePlan) -> tuple[torch.Tensor, ...]:
-        """The message's index tensors on the device (moved once per pass)."""
-        if i not in self._moved:
-            self._moved[i] = tuple(
-                t.to(self.device) for t in (m.branch_rows, m.slot_rows, m.slot_index, m.ancestors)
-            )
-        return self._moved[i]
+    def _cost(self, w: tuple[int, int, int]) -> int:
+        i, kind, j = w
+        m = self.layout.messages[i]
+        if kind == 0:
+            i0, i1, n_keys, _ = self.units[i].content_blocks[j]
+            return (i1 - i0) * n_keys
+        return BRANCH_ROWS * (m.n_keys + m.width_slots)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],
@@ -134,30 +209,37 @@ class TorchAttention:
         """Attention of one layer.
 
         Args:
-            q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]`` for the pass's rows, rotary applied.
+            q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]`` for the pass's rows (and any padding rows
+                after them), rotary applied.
             prefix: the preamble's keys/values ``[P, Hkv, D]`` of this layer, or ``None``.
             carried: this layer's keys/values of the pass's carried contents, in order.
             scale: multiplies ``q·k``. window: sliding window (keys at positions
                 ``> q_pos - window`` are visible) or ``None``. softcap: ``cap * tanh(s / cap)``.
         Returns:
-            ``[T, Hq, D]`` in ``q.dtype``; computed in fp32. In fp32 it is a buffer of this
-            object, overwritten by the next call: read it before attending the next layer.
+            ``[T, Hq, D]`` in ``q.dtype``, computed in fp32; rows that are no message's are 0. In
+            fp32 it is a buffer of this object, overwritten by the next call.
         """
         if q.dtype != torch.float32:  # softmax and its sums in fp32, as transformers does
             f32 = lambda kv: (kv[0].float(), kv[1].float())  # noqa: E731
             o = self(q.float(), k.float(), v.float(), f32(prefix) if prefix else None, [f32(c) for c in carried],
                      scale=scale, window=window, softcap=softcap)
             return o.to(q.dtype)
-        # The scale goes on the queries once, not on every score matrix (one pass fewer over
-        # them). The scaled queries and the output are per-pass buffers reused by every layer.
-        q = torch.mul(q, scale, out=self._scratch.get("q", tuple(q.shape), q))
-        out = self._scratch.get("out", tuple(q.shape), q)
-        for i, m in enumerate(self.layout.messages):
-            keys, values = self._keys(m, k, v, prefix, carried)
-            if m.content_start is not None:
-                self._content(i, m, q, keys, values, out, window, softcap)
-            if m.branches:
-                self._branches(i, m, q, k, v, keys, values, out, window, softcap)
+        if self._out is None or self._out.shape != q.shape:
+            self._out = q.new_zeros(q.shape)
+        out = self._out
+        msgs = self.layout.messages
+        kv = self.executor.map(lambda i, _: self._keys(msgs[i], k, v, prefix, carried), range(len(msgs)))
+
+        def unit(w: tuple[int, int, int], scratch: Scratch) -> None:
+            i, kind, j = w
+            keys, values = kv[i]
+            if kind == 0:
+                self._content(msgs[i], self.units[i].content_blocks[j], q, keys, values, out, scale, window, softcap, scratch)
+            else:
+                self._branches(msgs[i], self.units[i].branch_chunks[j], q, k, v, keys, values, out, scale, window,
+                               softcap, scratch)
+
+        self.executor.map(unit, self.work)
         return out
 
     def _keys(
@@ -185,87 +267,109 @@ class TorchAttention:
         return keys, values
 
     def _content(
-        self, i: int, m: MessagePlan, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-        out: torch.Tensor, window: int | None, softcap: float | None,
+        self, m: MessagePlan, block: tuple[int, int, int, torch.Tensor], q: torch.Tensor, keys: torch.Tensor,
+        values: torch.Tensor, out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
+        scratch: Scratch,
     ) -> None:
+        """One block of the message's content queries against its keys up to the block's end."""
+        i0, i1, n_keys, hidden = block
         hkv, d = keys.shape[0], keys.shape[2]
         hq = q.shape[1]
         g = hq // hkv
         c0 = m.content_start
         assert c0 is not None
-        for i0, i1, n_keys, hidden in self.masks[i].content_blocks:
+        n = i1 - i0
+        k0 = m.prefix_len + i0
+        if softcap is None:
+            # torch's fused attention (single-threaded here): a block's shapes and mask are the
+            # message's alone, so its bits are too
+            visible = self._visible(block, k0, window)
+            qb = q[c0 + i0 : c0 + i1].transpose(0, 1).contiguous()[None]  # [1, Hq, n, D]
+            o = F.scaled_dot_product_attention(
+                qb, keys[None, :, :n_keys], values[None, :, :n_keys], attn_mask=visible, scale=scale, enable_gqa=True,
+            )
+            out[c0 + i0 : c0 + i1] = o[0].transpose(0, 1)
+            return
+        qb = q[c0 + i0 : c0 + i1].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+        qb = _pad_rows(qb * scale)
+        scores = scratch.get("attn.scores", (hkv, qb.shape[1], n_keys), q)  # [Hkv, >=G*n, N]
+        _per_head_mm(qb, keys[:, :n_keys].transpose(1, 2), out=scores)
+        s = scores[:, : g * n].view(hkv, g, n, n_keys)
+        s.copy_(_softcap(s, softcap))
+        s.masked_fill_(~self._visible(block, k0, window), float("-inf"))
+        s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
+        total = s.sum(dim=-1, keepdim=True)
+        o = _per_head_mm(scores, values[:, :n_keys])[:, : g * n].view(hkv, g, n, d) / total
+        out[c0 + i0 : c0 + i1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
+
+    def _visible(self, block: tuple[int, int, int, torch.Tensor], k0: int, window: int | None) -> torch.Tensor:
+        """``[n, N]`` bool, True where a query of the content block may attend (causal, and within
+        the sliding window); built once per block and window, then shared by the layers."""
+        key = (id(block), window)
+        got = self._visible_masks.get(key)
+        if got is None:
+            i0, i1, n_keys, hidden = block
             n = i1 - i0
-            qb = q[c0 + i0 : c0 + i1].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
-            qb = _pad_rows(qb)
-            scores = self._scratch.get("scores", (hkv, qb.shape[1], n_keys), q)  # [Hkv, >=G*n, N]
-            _per_head_mm(qb, keys[:, :n_keys].transpose(1, 2), out=scores)
-            s = scores[:, : g * n].view(hkv, g, n, n_keys)
+            got = torch.ones(n, n_keys, dtype=torch.bool, device=hidden.device)
+            got[:, k0:] = ~hidden
             if window is not None:
-                qp = torch.arange(m.prefix_len + i0, m.prefix_len + i1, device=hidden.device)
-                hidden = hidden | (torch.arange(n_keys, device=hidden.device)[None, :] <= qp[:, None] - window)
-            _scores_to_weights(s, softcap, hidden)
-            total = s.sum(dim=-1, keepdim=True)
-            o = _per_head_mm(scores, values[:, :n_keys])[:, : g * n].view(hkv, g, n, d) / total
-            out[c0 + i0 : c0 + i1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
+                qp = torch.arange(k0, k0 + n, device=hidden.device)
+                got &= torch.arange(n_keys, device=hidden.device)[None, :] > qp[:, None] - window
+            self._visible_masks[key] = got
+        return got
 
     def _branches(
-        self, i: int, m: MessagePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor,
-        window: int | None, softcap: float | None,
+        self, m: MessagePlan, c: _BranchChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor, scale: float,
+        window: int | None, softcap: float | None, scratch: Scratch,
     ) -> None:
+        """One chunk of the message's branch rows: against ``[preamble | content]`` and against
+        each row's own-branch window, one softmax over both."""
         hkv, s_pad, d = keys.shape
         hq = q.shape[1]
         g = hq // hkv
-        rows, slot_rows, slot_index, ancestors = self._index(i, m)
-        masks = self.masks[i]
-        nb = rows.shape[0]
-        nbr, w = slot_rows.shape
-        # [preamble | content]: every branch row of the message at once.
-        qb = q[rows].view(nb, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * nb, d)
-        qb = _pad_rows(qb)
-        ctx = self._scratch.get("scores", (hkv, qb.shape[1], s_pad), q)  # [Hkv, >=G*Nb, S_pad]
-        _per_head_mm(qb, keys.transpose(1, 2), out=ctx)
-        s_ctx = ctx[:, : g * nb].view(hkv, g, nb, s_pad)
-        # Own branch: one [W, W] block per branch (queries and keys in branch slots).
-        flat = slot_rows.reshape(-1)
-        qs = q[flat].view(nbr, w, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(nbr * hkv, g * w, d)
-        ks = k[flat].view(nbr, w, hkv, d).permute(0, 2, 3, 1).reshape(nbr * hkv, d, w)
-        s_own = torch.bmm(qs, ks).view(nbr, hkv, g, w, w).permute(1, 2, 0, 3, 4).reshape(hkv, g, nbr * w, w)
-        s_own = s_own[:, :, slot_index]  # [Hkv, G, Nb, W]
+        br, w = c.hide_own.shape
+        n, start = c.n, c.start
+        # the chunk's queries, scaled, as [Hkv, G, BR, D] (padding rows 0)
+        qh = scratch.get("attn.q", (hkv, g, br, d), q)
+        qh[:, :, :n] = q[start : start + n].view(n, hkv, g, d).permute(1, 2, 0, 3) * scale
+        qh[:, :, n:] = 0.0
+        # the keys/values of the rows [start - W + 1, start + BR) as [Hkv, BR + W - 1, D]
+        lo = start - (w - 1)
+        ks = scratch.get("attn.k_slab", (hkv, br + w - 1, d), k)
+        vs = scratch.get("attn.v_slab", (hkv, br + w - 1, d), v)
+        a0, a1 = max(lo, 0), min(start + br, k.shape[0])
+        for slab, src in ((ks, k), (vs, v)):
+            slab.zero_()
+            slab[:, a0 - lo : a1 - lo] = src[a0:a1].transpose(0, 1)
+        # [preamble | content]: one GEMM per KV head, [G * BR, D] @ [D, S_pad]
+        ctx = scratch.get("attn.ctx", (hkv, g * br, s_pad), q)
+        _per_head_mm(qh.view(hkv, g * br, d), keys.transpose(1, 2), out=ctx)
+        s_ctx = ctx.view(hkv, g, br, s_pad)
+        # own branch: per (KV head, row) its [G, D] queries against its window [W, D]
+        win_k = ks.as_strided((hkv, br, d, w), (ks.stride(0), d, 1, d)).reshape(hkv * br, d, w)
+        q_rows = qh.permute(0, 2, 1, 3).reshape(hkv * br, g, d)
+        s_own = torch.bmm(q_rows, win_k).view(hkv, br, g, w).permute(0, 2, 1, 3).contiguous()  # [Hkv, G, BR, W]
+        hide_own = c.hide_own
         hide_ctx: torch.Tensor | None = None  # None: only the key padding is hidden
-        hide_own = ~ancestors
         if window is not None:
-            qp = masks.branch_qpos
-            key_pos = torch.arange(s_pad, device=qp.device)[None, :]
-            hide_ctx = (key_pos >= m.n_keys) | (key_pos <= qp[:, None] - window)  # padding or out of the window
-            hide_own = hide_own | (masks.slot_pos <= qp[:, None] - window)
-        # One softmax over [preamble | content | own branch], in two parts that share the max.
+            key_pos = torch.arange(s_pad, device=c.qpos.device)[None, :]
+            hide_ctx = (key_pos >= m.n_keys) | (key_pos <= c.qpos[:, None] - window)
+            hide_own = hide_own | (c.own_pos <= c.qpos[:, None] - window)
         for part, hide in ((s_ctx, hide_ctx), (s_own, hide_own)):
             if softcap is not None:
                 part.copy_(_softcap(part, softcap))
             if hide is None:
-                part[..., m.n_keys :] = float("-inf")  # the padding columns only: no [rows, keys] mask pass
+                part[..., m.n_keys :] = float("-inf")  # the padding columns only
             else:
                 part.masked_fill_(hide, float("-inf"))
         top = torch.maximum(s_ctx.amax(dim=-1, keepdim=True), s_own.amax(dim=-1, keepdim=True))
-        total = None
-        for part in (s_ctx, s_own):
-            part.sub_(top).exp_()
-            total = part.sum(dim=-1, keepdim=True) if total is None else total + part.sum(dim=-1, keepdim=True)
-        o = _per_head_mm(ctx, values)[:, : g * nb].view(hkv, g, nb, d)
-        p_slots = s_own.new_zeros(hkv, g, nbr * w, w)
-        p_slots[:, :, slot_index] = s_own
-        p_slots = p_slots.view(hkv, g, nbr, w, w).permute(2, 0, 1, 3, 4).reshape(nbr * hkv, g * w, w)
-        vs = v[flat].view(nbr, w, hkv, d).permute(0, 2, 1, 3).reshape(nbr * hkv, w, d)
-        o_own = torch.bmm(p_slots, vs).view(nbr, hkv, g, w, d).permute(1, 2, 0, 3, 4).reshape(hkv, g, nbr * w, d)
-        o = (o + o_own[:, :, slot_index]) / total
-        out[rows] = o.permute(2, 0, 1, 3).reshape(nb, hq, d)
-
-
-def _scores_to_weights(s: torch.Tensor, softcap: float | None, hidden: torch.Tensor) -> None:
-    """In place: ``s`` (``q·k`` with the scale already on ``q``) becomes the unnormalised softmax
-    weights ``exp(s - max)`` with hidden keys at 0 (each row on its own)."""
-    if softcap is not None:
-        s.copy_(_softcap(s, softcap))
-    s.masked_fill_(hidden, float("-inf"))
-    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
+        s_ctx.sub_(top).exp_()
+        s_own.sub_(top).exp_()
+        total = s_ctx.sum(dim=-1, keepdim=True) + s_own.sum(dim=-1, keepdim=True)
+        o = _per_head_mm(ctx, values).view(hkv, g, br, d)
+        win_v = vs.as_strided((hkv, br, w, d), (vs.stride(0), d, d, 1)).reshape(hkv * br, w, d)
+        p_own = s_own.permute(0, 2, 1, 3).reshape(hkv * br, g, w)
+        o_own = torch.bmm(p_own, win_v).view(hkv, br, g, d).permute(0, 2, 1, 3)
+        o = (o + o_own) / total
+        out[start : start + n] = o.permute(2, 0, 1, 3).reshape(br, hq, d)[:n]

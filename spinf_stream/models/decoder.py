@@ -10,19 +10,15 @@ import torch
 from ..layout import PassLayout
 from . import blocks
 from .attention import KV
-from .backend import Backend, QuantizedWeight
+from .backend import Backend, QuantizedWeight, TorchBackend
 from .spec import ModelSpec
 
-#: Read rows per LM-head chunk: bounds the ``[rows, vocab]`` logits held at once.
-HEAD_CHUNK = 256
-#: Rows of a pass whose token-wise ops (norms, projections, MLP) run together on the CPU. A whole
-#: 16k-token pass makes ``[rows, intermediate]`` temporaries of ~100 MB; glibc maps each one
-#: fresh and every page faults on first touch, which cost a quarter of the pass (engine_bench:
-#: 52% of the matmul peak with whole passes, 69% with 1-2k-row ones). Every op here computes each
-#: row on its own (GEMM rows padded to >= 16, see blocks.linear), so chunking changes no bit.
-CPU_ROW_CHUNK = 1024
-
 Weight = torch.Tensor | QuantizedWeight
+
+
+def _rows(w: Weight, t: slice) -> Weight:
+    """Output rows ``t`` of a linear layer's weight ``[N, K]`` (a view)."""
+    return QuantizedWeight(w.data[t], w.scale[t]) if isinstance(w, QuantizedWeight) else w[t]
 
 
 @dataclass
@@ -54,7 +50,7 @@ class Decoder:
         spec: what to compute. embed: ``[vocab, hidden]``. layers: per-layer weights.
         final_norm: ``[hidden]``. lm_head: ``[vocab, hidden]`` (the embedding when tied).
         backend: the kernels that run the pass (:class:`~spinf_stream.models.backend.Backend`;
-            default torch).
+            default :class:`~spinf_stream.models.backend.TorchBackend`).
     """
 
     def __init__(
@@ -66,7 +62,7 @@ class Decoder:
         self.layers = layers
         self.final_norm = final_norm
         self.lm_head = lm_head
-        self.backend = backend or Backend("torch")
+        self.backend = backend or TorchBackend()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,6 +82,10 @@ class Decoder:
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Run one packed pass.
 
+        The token-wise ops run over the back end's row chunks (:meth:`Backend.row_chunks`; on the
+        CPU fixed-size chunks, the last one padded with token 0 at position 0, whose rows are
+        computed and never read), each chunk one unit of :meth:`Backend.map`.
+
         Args:
             layout: tokens, logical positions, attention plan, read rows.
             prefix: per layer the preamble's keys/values ``[P, Hkv, D]`` (from a preamble pass).
@@ -96,31 +96,45 @@ class Decoder:
             message plan with ``keep_kv`` (in order) its content's per-layer keys/values.
         """
         s = self.spec
+        b = self.backend
         dev = self.device
-        ids = layout.input_ids.to(dev)
-        pos = layout.positions.to(dev)
-        attend = self.backend.attention(layout, dev, s.num_heads // s.num_kv_heads)
+        n_rows = layout.n_tokens
+        chunks = b.row_chunks(n_rows)
+        n_pad = chunks[-1].stop if chunks else 0
+        ids = torch.zeros(n_pad, dtype=torch.int64)
+        ids[:n_rows] = layout.input_ids
+        pos = torch.zeros(n_pad, dtype=torch.int64)
+        pos[:n_rows] = layout.positions
+        ids, pos = ids.to(dev), pos.to(dev)
+        attend = b.attention(layout, dev, s.num_heads // s.num_kv_heads)
         keep = [(m.content_start, m.content_len) for m in layout.messages if m.keep_kv and m.content_start is not None]
         kept: list[LayerKV] = [[] for _ in keep]
-        x = self.embed[ids]
-        if s.embed_scale is not None:
-            x = x * torch.tensor(s.embed_scale, dtype=x.dtype, device=dev)
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        n_rows = x.shape[0]
-        chunk = CPU_ROW_CHUNK if dev.type == "cpu" and self.backend.name == "torch" else max(n_rows, 1)
-        row_chunks = [slice(r0, min(r0 + chunk, n_rows)) for r0 in range(0, n_rows, chunk)]
-        tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rope tables, once per pass
+        x = self.embed[ids]  # [n_pad, hidden]: a gather, exact
+        scale = None if s.embed_scale is None else torch.tensor(s.embed_scale, dtype=x.dtype, device=dev)
+        # rope tables (cos, sin [n_pad, 1, D]) once per pass and rope, shared by the layers
+        ropes = list({id(ls.rope): ls.rope for ls in s.layers}.items())
+        tables = {key: (x.new_empty(n_pad, 1, d), x.new_empty(n_pad, 1, d)) for key, _ in ropes}
+
+        def embed_rows(r: slice, _: blocks.Scratch | None) -> None:
+            if scale is not None:
+                x[r] *= scale
+            for key, rope in ropes:
+                cos, sin = blocks.rotary_tables(pos[r], rope.inv_freq, rope.scaling, x.dtype)
+                tables[key][0][r], tables[key][1][r] = cos, sin
+
+        b.map(embed_rows, chunks)
         # q, k, v of every row, written chunk by chunk; one buffer for all layers (the kept
         # content keys/values are copies)
-        qkv = x.new_empty(n_rows, hq + 2 * hkv, d)
+        qkv = x.new_empty(n_pad, hq + 2 * hkv, d)
         q, k, v = qkv.split([hq, hkv, hkv], dim=1)
-        scratch = blocks.Scratch() if self.backend.name == "torch" else None
+        tiled = b.tile_units(len(chunks))
         for li, (lw, ls) in enumerate(zip(self.layers, s.layers)):
-            rope = tables.get(id(ls.rope))
-            if rope is None:
-                rope = tables[id(ls.rope)] = blocks.rotary_tables(pos, ls.rope.inv_freq, ls.rope.scaling, x.dtype)
-            for r in row_chunks:
-                self._qkv(x[r], lw, rope[0][r], rope[1][r], qkv[r])
+            cos, sin = tables[id(ls.rope)]
+            if tiled:
+                self._attention_in_tiled(x, lw, cos, sin, qkv, chunks)
+            else:
+                b.map(lambda r, sc: self._attention_in(x[r], lw, cos[r], sin[r], qkv[r], sc), chunks)
             for j, (c0, n) in enumerate(keep):
                 kept[j].append((k[c0 : c0 + n].clone(), v[c0 : c0 + n].clone()))
             a = attend(
@@ -128,18 +142,62 @@ class Decoder:
                 scale=s.query_scale, window=ls.window, softcap=s.attn_softcap,
             )
             a = a.reshape(-1, hq * d)
-            for r in row_chunks:  # in place: a chunk reads only its own rows
-                x[r] = self._attn_out_and_mlp(x[r], a[r], lw, scratch)
-        read = x[layout.read_rows.to(dev)]
-        return self._norm(read, self.final_norm), kept
+            if tiled:
+                self._attention_out_and_mlp_tiled(x, a, lw, chunks)
+            else:
+                b.map(lambda r, sc: self._attention_out_and_mlp(x[r], a[r], lw, sc), chunks)
+        n_read = layout.read_rows.shape[0]
+        read_chunks = b.row_chunks(n_read)
+        read = x.new_zeros(read_chunks[-1].stop if read_chunks else 0, x.shape[1])
+        read[:n_read] = x[layout.read_rows.to(dev)]
+        b.map(lambda r, _: read.__setitem__(r, self._norm(read[r], self.final_norm)), read_chunks)
+        return read[:n_read], kept
 
-    def _qkv(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
-        """Rows ``x [n, hidden]`` → ``out [n, Hq+2Hkv, D]``: q and k normed (Qwen3, Gemma 3) and
-        rotated, v as projected."""
+    # -- token-wise ops -------------------------------------------------------------------
+    #
+    # Every linear layer is computed in the back end's column tiles (``Backend.column_tiles``),
+    # each tile ``[rows, K] @ [K, tile]`` into its own buffer. A layer's rows run either as one
+    # unit per row chunk (all of its tiles, one after the other) or, when a pass has too few row
+    # chunks to keep the workers busy, as one unit per (row chunk, tile) between barriers
+    # (``*_tiled``). Both run the same ops on the same shapes for every row: the same bits.
+
+    def _tile(self, h: torch.Tensor, w: Weight, bias: torch.Tensor | None, t: slice, dst: torch.Tensor,
+              scratch: blocks.Scratch | None) -> None:
+        """``dst[:, t] = h @ w[t].T + bias[t]``: ``h [n, K]``, ``w [N, K]``, ``dst [n, N]``."""
+        buf = None if scratch is None else scratch.get("tile", (h.shape[0], t.stop - t.start), h)
+        dst[:, t] = self.backend.linear(h, _rows(w, t), None if bias is None else bias[t], out=buf)
+
+    def _project(self, h: torch.Tensor, w: Weight, bias: torch.Tensor | None, dst: torch.Tensor,
+                 scratch: blocks.Scratch | None) -> torch.Tensor:
+        """``h @ w.T + bias`` tile by tile into ``dst [n, N]`` (returned; with a single tile the
+        GEMM writes there itself)."""
+        tiles = self.backend.column_tiles(w.shape[0])
+        if len(tiles) == 1:
+            return self.backend.linear(h, w, bias, out=dst)
+        for t in tiles:
+            self._tile(h, w, bias, t, dst, scratch)
+        return dst
+
+    def _gate_up_tile(self, h: torch.Tensor, lw: LayerWeights, t: slice, dst: torch.Tensor,
+                      scratch: blocks.Scratch | None) -> None:
+        """``dst[:, t] = act(h @ gate[t].T) * (h @ up[t].T)`` (Shazeer 2020, GLU variants)."""
+        n, width, inter = h.shape[0], t.stop - t.start, lw.gate_up.shape[0] // 2
+        gate = None if scratch is None else scratch.get("mlp.gate", (n, width), h)
+        up = None if scratch is None else scratch.get("mlp.up", (n, width), h)
+        gate = self.backend.linear(h, _rows(lw.gate_up, t), out=gate)
+        up = self.backend.linear(h, _rows(lw.gate_up, slice(inter + t.start, inter + t.stop)), out=up)
+        act = None if scratch is None else scratch.get("mlp.act", (n, width), h)
+        dst[:, t] = blocks.activation(gate, self.spec.activation, out=act).mul_(up)
+
+    def _new(self, scratch: blocks.Scratch | None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return like.new_empty(shape) if scratch is None else scratch.get(name, shape, like)
+
+    def _qkv_out(self, proj: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+        """Projected rows ``proj [n, (Hq+2Hkv)*D]`` → ``out [n, Hq+2Hkv, D]``: q and k normed
+        (Qwen3, Gemma 3) and rotated, v as projected."""
         s = self.spec
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        qkv = self.backend.linear(self._norm(x, lw.input_norm), lw.qkv, lw.qkv_bias)
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = proj.split([hq * d, hkv * d, hkv * d], dim=-1)
         q = q.reshape(-1, hq, d)
         k = k.reshape(-1, hkv, d)
         if s.qk_norm:
@@ -149,21 +207,57 @@ class Decoder:
         out[:, hq : hq + hkv] = blocks.rotary(k, cos, sin)
         out[:, hq + hkv :] = v.reshape(-1, hkv, d)
 
-    def _attn_out_and_mlp(
-        self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights, scratch: blocks.Scratch | None = None,
-    ) -> torch.Tensor:
-        """Rows ``x [n, hidden]`` after the attention output ``a [n, Hq*D]`` and the MLP, with
-        their residuals (and Gemma's sandwich norms); ``scratch``: reused MLP temporaries."""
-        o = self.backend.linear(a, lw.o)
-        if self.spec.sandwich_norms:
-            o = self._norm(o, lw.post_attn_norm)
-        x = x + o
-        h = blocks.gated_mlp(
-            self._norm(x, lw.mlp_norm), lw.gate_up, lw.down, self.spec.activation, self.backend.linear, scratch,
-        )
-        if self.spec.sandwich_norms:
-            h = self._norm(h, lw.post_mlp_norm)
-        return x + h
+    def _residual_attention(self, x: torch.Tensor, o: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+        """``x += o`` (Gemma: its post-attention norm first) in place; returns the MLP's input."""
+        x += self._norm(o, lw.post_attn_norm) if self.spec.sandwich_norms else o
+        return self._norm(x, lw.mlp_norm)
+
+    def _residual_mlp(self, x: torch.Tensor, down: torch.Tensor, lw: LayerWeights) -> None:
+        x += self._norm(down, lw.post_mlp_norm) if self.spec.sandwich_norms else down
+
+    def _attention_in(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
+                      scratch: blocks.Scratch | None) -> None:
+        """Rows ``x [n, hidden]`` → ``out [n, Hq+2Hkv, D]`` (see :meth:`_qkv_out`)."""
+        proj = self._new(scratch, "qkv", (x.shape[0], lw.qkv.shape[0]), x)
+        self._qkv_out(self._project(self._norm(x, lw.input_norm), lw.qkv, lw.qkv_bias, proj, scratch), lw, cos, sin, out)
+
+    def _attention_out_and_mlp(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights,
+                               scratch: blocks.Scratch | None) -> None:
+        """Rows ``x [n, hidden]``, in place: the attention output ``a [n, Hq*D]`` projected and
+        added, then the gated MLP added (with Gemma's sandwich norms)."""
+        n, hidden, inter = x.shape[0], x.shape[1], lw.gate_up.shape[0] // 2
+        o = self._project(a, lw.o, None, self._new(scratch, "o", (n, hidden), x), scratch)
+        h = self._residual_attention(x, o, lw)
+        m = self._new(scratch, "mlp", (n, inter), x)
+        for t in self.backend.column_tiles(inter):
+            self._gate_up_tile(h, lw, t, m, scratch)
+        self._residual_mlp(x, self._project(m, lw.down, None, self._new(scratch, "down", (n, hidden), x), scratch), lw)
+
+    def _attention_in_tiled(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
+                            qkv: torch.Tensor, chunks: list[slice]) -> None:
+        """:meth:`_attention_in` over the pass, one unit per (row chunk, column tile)."""
+        b = self.backend
+        h = b.map(lambda r, _: self._norm(x[r], lw.input_norm), chunks)
+        proj = x.new_empty(x.shape[0], lw.qkv.shape[0])
+        units = [(i, t) for i in range(len(chunks)) for t in b.column_tiles(lw.qkv.shape[0])]
+        b.map(lambda u, sc: self._tile(h[u[0]], lw.qkv, lw.qkv_bias, u[1], proj[chunks[u[0]]], sc), units)
+        b.map(lambda r, _: self._qkv_out(proj[r], lw, cos[r], sin[r], qkv[r]), chunks)
+
+    def _attention_out_and_mlp_tiled(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights,
+                                     chunks: list[slice]) -> None:
+        """:meth:`_attention_out_and_mlp` over the pass, one unit per (row chunk, column tile)."""
+        b = self.backend
+        n, hidden, inter = x.shape[0], x.shape[1], lw.gate_up.shape[0] // 2
+        idx = range(len(chunks))
+        o, m, down = x.new_empty(n, hidden), x.new_empty(n, inter), x.new_empty(n, hidden)
+        b.map(lambda u, sc: self._tile(a[chunks[u[0]]], lw.o, None, u[1], o[chunks[u[0]]], sc),
+              [(i, t) for i in idx for t in b.column_tiles(hidden)])
+        h = b.map(lambda r, _: self._residual_attention(x[r], o[r], lw), chunks)
+        b.map(lambda u, sc: self._gate_up_tile(h[u[0]], lw, u[1], m[chunks[u[0]]], sc),
+              [(i, t) for i in idx for t in b.column_tiles(inter)])
+        b.map(lambda u, sc: self._tile(m[chunks[u[0]]], lw.down, None, u[1], down[chunks[u[0]]], sc),
+              [(i, t) for i in idx for t in b.column_tiles(hidden)])
+        b.map(lambda r, _: self._residual_mlp(x[r], down[r], lw), chunks)
 
     @torch.inference_mode()
     def token_logprobs(self, hidden: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -176,16 +270,4 @@ class Decoder:
             ``[N]`` fp32 on the CPU: ``logits[rows, tokens] - logsumexp(logits[rows])`` with
             ``logits = softcap(lm_head(hidden))`` (natural log).
         """
-        out = torch.empty(rows.shape[0], dtype=torch.float32)
-        for c0 in range(0, hidden.shape[0], HEAD_CHUNK):
-            c1 = min(c0 + HEAD_CHUNK, hidden.shape[0])
-            sel = (rows >= c0) & (rows < c1)
-            if not bool(sel.any()):
-                continue
-            logits = self.backend.linear(hidden[c0:c1], self.lm_head).float()
-            if self.spec.final_softcap is not None:
-                logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
-            lse = self.backend.logsumexp(logits)
-            r = (rows[sel] - c0).to(logits.device)
-            out[sel] = (logits[r, tokens[sel].to(logits.device)] - lse[r]).cpu()
-        return out
+        return self.backend.token_logprobs(hidden, self.lm_head, self.spec.final_softcap, rows, tokens)

@@ -100,17 +100,27 @@ def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
 
 def prepare_engine_thread() -> int:
     """Size the threads of the engine, on the engine thread before the model loads (the rule:
-    README, "The service"): torch's compute threads take every usable CPU
-    (:func:`spinf_stream.device.size_cpu_threads`; ``OMP_NUM_THREADS`` overrides), and the
-    tokenizer's own thread pool is off (``TOKENIZERS_PARALLELISM=false`` unless set): tokenizing
-    runs on one thread beside the engine, and a pool would spread each message's few strings over
-    every CPU, waking threads on the cores the engine computes on (measured: ~1,400 wake-ups per
-    400 messages with the pool, 3 without, in the same time). Returns the compute threads."""
+    README, "The service"): the CPU engine's compute workers take every usable CPU
+    (:func:`spinf_stream.device.size_cpu_threads`; ``OMP_NUM_THREADS`` overrides; each runs
+    torch with one thread), and the tokenizer's own thread pool is off
+    (``TOKENIZERS_PARALLELISM=false`` unless set): tokenizing runs on one thread beside the
+    engine, and a pool would spread each message's few strings over every CPU, waking threads on
+    the cores the engine computes on (measured: ~1,400 wake-ups per 400 messages with the pool,
+    3 without, in the same time). Returns the compute workers.
+
+    Raises:
+        UsageError: ``OMP_NUM_THREADS`` is not a positive integer.
+    """
     from spinf_stream.device import size_cpu_threads, usable_cpus
+    from spinf_stream.errors import UsageError
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    threads = size_cpu_threads()
-    log.info("engine thread: %d torch compute threads (usable CPUs: %d); tokenization: 1 thread", threads, usable_cpus())
+    try:
+        threads = size_cpu_threads()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    log.info("engine: %d compute workers of one torch thread each (usable CPUs: %d); tokenization: 1 thread",
+             threads, usable_cpus())
     return threads
 
 
@@ -126,12 +136,13 @@ def load_engine(settings: ScoringSettings) -> Any:
     from spinf_stream.engine import Engine
 
     placement = choose(settings.device, settings.dtype)
-    prepare_engine_thread()
+    threads = prepare_engine_thread()
     log.info("loading model %s with pack %s on %s (%s)", settings.model, settings.pack, placement.device, placement.dtype)
     engine = Engine.load(
         model=settings.model, pack=settings.pack, token_budget=settings.token_budget,
         device=placement.device, dtype=placement.dtype,
         special_tokens_in_fields=settings.special_tokens_in_fields, calibration=settings.calibration,
+        allow_unstable_bits=settings.allow_unstable_bits, threads=threads,
     )
     info = engine.model_info
     calibration = getattr(engine, "calibration", None)  # not part of the Scorer protocol

@@ -1,0 +1,285 @@
+"""What decides a score's bits besides the model and dtype, and the probe that checks, where the
+engine runs, the few properties of a vendor library (the CPU BLAS) that bit-stability rests on.
+
+A record's ``numerics`` block comes from :func:`describe`: the instruction-set class torch's
+kernels use (``avx512``, ``avx2``; on CUDA the architecture, ``sm_90``), the libraries with their
+versions (torch and its BLAS with the code path it picked; Triton), and the tile sizes of the
+pass. Digests are comparable, and equal by construction, between records whose ``model`` and
+``numerics`` blocks are equal.
+
+:func:`probe` (torch back end) runs the model's own GEMM shapes on random inputs, on the back
+end's workers, and checks what ``docs/invariance.md`` relies on:
+
+- a GEMM row's bits depend on that row alone: not on the other rows of the fixed-shape GEMM,
+  nor on the row's place in it (rows permuted, others replaced);
+- every worker computes the same bits (each runs its BLAS with one thread; with MKL, its own
+  thread count is read back on every worker).
+
+It raises :class:`UnstableBits` naming the shape and the BLAS when one fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import logging
+import re
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import attention as attn
+from .backend import COLUMN_TILE, HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
+
+if TYPE_CHECKING:
+    from .decoder import Decoder
+
+log = logging.getLogger(__name__)
+
+#: MKL's code branches (``mkl_cbwr_get_auto_branch``; mkl_service.h, ``MKL_CBWR_*``)
+MKL_BRANCHES = {
+    3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2",
+    11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1",
+}
+
+
+class UnstableBits(RuntimeError):
+    """The bits probe found a property the engine's bit-stability rests on broken on this
+    machine (the message names the shape, the property and the BLAS)."""
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """What decides the bits besides the model, its weights, the device and the dtype.
+
+    ``isa``: the instruction-set class of torch's CPU kernels (``avx512``, ``avx2``, ...) or the
+    CUDA architecture (``sm_90``). ``library``: the kernel libraries and versions. ``tiles``:
+    the pass's fixed shapes. ``bits_probe``: ``passed``, ``failed`` (scores anyway, as
+    ``--allow-unstable-bits`` asked) or ``not_needed`` (no vendor library decides a row's bits:
+    the Triton kernels), ``not_run``.
+    """
+
+    isa: str
+    library: str
+    tiles: str
+    bits_probe: str = "not_run"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@cache
+def _torch_cpu_library() -> ctypes.CDLL | None:
+    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        return ctypes.CDLL(str(path)) if path.exists() else None
+    except OSError:
+        return None
+
+
+def _mkl(symbol: str) -> Callable[..., int] | None:
+    lib = _torch_cpu_library()
+    return getattr(lib, symbol, None) if lib is not None else None
+
+
+def blas_threads() -> int | None:
+    """Threads MKL would use for a GEMM called from this thread (``mkl_get_max_threads``), or
+    ``None`` when torch's BLAS is not MKL (or does not say)."""
+    fn = _mkl("mkl_get_max_threads")
+    return int(fn()) if fn is not None else None
+
+
+@cache
+def blas() -> str:
+    """torch's BLAS, its version and, for MKL, the code branch it picked on this CPU, e.g.
+    ``Intel oneMKL 2024.2 (AVX512_E1 code path)``."""
+    config = torch.__config__.show()
+    info = re.search(r"BLAS_INFO=(\w+)", config)
+    name = info.group(1) if info else "unknown"
+    if name == "mkl":
+        version = re.search(r"Math Kernel Library Version ([0-9.]+)", config)
+        branch_fn = _mkl("mkl_serv_cbwr_get_auto_branch")
+        branch = int(branch_fn()) if branch_fn is not None else None
+        path = MKL_BRANCHES.get(branch, f"branch {branch}") if branch is not None else "unknown"
+        return f"Intel oneMKL {version.group(1) if version else '?'} ({path} code path)"
+    return name
+
+
+def cpu_isa() -> str:
+    """torch's CPU kernel capability (``avx512``, ``avx2``, ``default``, ...)."""
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def describe(device: torch.device, backend_name: str, dtype: torch.dtype) -> Numerics:
+    """The numerics of a decoder on ``device`` with back end ``backend_name`` (activations in
+    ``dtype``); ``bits_probe`` is ``not_run`` (the engine sets it)."""
+    if backend_name == "torch":
+        return Numerics(
+            isa=cpu_isa(),
+            library=f"torch {torch.__version__.split('+')[0]}, {blas()}",
+            tiles=f"rows {ROW_CHUNK}, columns {COLUMN_TILE}, content blocks {attn.CONTENT_BLOCK}, "
+                  f"branch rows {attn.BRANCH_ROWS}, head {HEAD_ROWS}x{HEAD_COLUMNS}",
+        )
+    from kernels.logsumexp import BLOCK_V
+    from kernels.matmul import tile_config
+    from kernels.tree_attention import BLOCK_N as ATTENTION_KEYS
+
+    narrow, wide = tile_config(device, dtype, 1), tile_config(device, dtype, 1 << 20)
+    gemm = f"gemm {narrow.block_m}x{narrow.block_n}x{narrow.block_k}"
+    if wide != narrow:
+        from kernels.matmul import INTERPRETER_BLOCK_N
+
+        gemm += f" ({wide.block_m}x{wide.block_n}x{wide.block_k} for N >= {4 * INTERPRETER_BLOCK_N})"
+    tiles = f"{gemm}, attention keys {ATTENTION_KEYS}, lse {BLOCK_V}"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return Numerics(isa=f"sm_{major}{minor}", library=f"triton {_version('triton')}, torch {torch.__version__}",
+                        tiles=tiles, bits_probe="not_needed" if backend_name == "triton" else "not_run")
+    return Numerics(isa=cpu_isa(), library=f"triton {_version('triton')} (interpreter), torch {torch.__version__}",
+                    tiles=tiles, bits_probe="not_needed")
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What :func:`probe` checked: ``shapes`` GEMM shapes on ``workers`` workers in ``seconds``."""
+
+    shapes: int
+    workers: int
+    seconds: float
+
+
+def _shapes(decoder: Decoder) -> list[tuple[str, torch.Tensor, torch.Tensor | None, int]]:
+    """``(label, weight tile [N, K], bias, rows)`` of every distinct GEMM shape of layer 0's
+    linear layers (their column tiles) and of the LM head."""
+    lw = decoder.layers[0]
+    inter = lw.gate_up.shape[0] // 2
+    layers = (("q/k/v projection", lw.qkv, lw.qkv_bias, 0), ("attention output", lw.o, None, 0),
+              ("MLP gate/up", lw.gate_up, None, inter), ("MLP down", lw.down, None, 0))
+    out: list[tuple[str, torch.Tensor, torch.Tensor | None, int]] = []
+    seen: set[tuple[int, int, int]] = set()
+    for label, w, bias, width in layers:
+        if not isinstance(w, torch.Tensor):
+            continue
+        for t in decoder.backend.column_tiles(width or w.shape[0]):
+            key = (t.stop - t.start, w.shape[1], ROW_CHUNK)
+            if key not in seen:
+                seen.add(key)
+                out.append((label, w[t], None if bias is None else bias[t], ROW_CHUNK))
+    head, vocab = decoder.lm_head, decoder.lm_head.shape[0]
+    out.append(("LM head tile", head[: min(HEAD_COLUMNS, vocab)], None, HEAD_ROWS))
+    if vocab > HEAD_COLUMNS and vocab % HEAD_COLUMNS:
+        out.append(("LM head last tile", head[vocab - vocab % HEAD_COLUMNS :], None, HEAD_ROWS))
+    return out
+
+
+def _attention_shapes(decoder: Decoder) -> list[tuple[str, Callable[[torch.Tensor], torch.Tensor], int, int]]:
+    """``(label, f, rows, K)``: the attention's GEMMs of a branch chunk, as functions of their
+    row operand ``[rows, K]``: q·kᵀ and p·v against a few key counts (the other operand fixed),
+    and the own-branch products batched over rows (a row holds both operands of its item)."""
+    s = decoder.spec
+    g, d = s.num_heads // s.num_kv_heads, s.head_dim
+    gen = torch.Generator().manual_seed(1)
+    dt = torch.float32  # the attention computes in fp32
+    out: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], int, int]] = []
+    rows = g * attn.BRANCH_ROWS
+    for n_keys in (16, 48, 272, 1040):
+        kt = torch.randn(d, n_keys, generator=gen, dtype=dt)
+        vv = torch.randn(n_keys, d, generator=gen, dtype=dt)
+        out.append((f"attention q.k [{rows}, {d}] @ [{d}, {n_keys}]", lambda x, kt=kt: torch.mm(x, kt), rows, d))
+        out.append((f"attention p.v [{rows}, {n_keys}] @ [{n_keys}, {d}]", lambda x, vv=vv: torch.mm(x, vv), rows, n_keys))
+    batch = s.num_kv_heads * attn.BRANCH_ROWS
+    for w in (16, 32):
+        # a row of the operand is one batch item: its [g, K] block and its own [K, N] block
+        for what, k, n in (("q.k", d, w), ("p.v", w, d)):
+            def item_bmm(x: torch.Tensor, g: int = g, k: int = k, n: int = n) -> torch.Tensor:
+                a, b = x[:, : g * k].reshape(-1, g, k), x[:, g * k :].reshape(-1, k, n)
+                return torch.bmm(a, b).reshape(x.shape[0], -1)
+
+            out.append((f"attention own-branch {what} {batch} x [{g}, {k}] @ [{k}, {n}]", item_bmm, batch, g * k + k * n))
+    return out
+
+
+def probe(decoder: Decoder, *, seed: int = 0) -> ProbeReport:
+    """Check, on ``decoder``'s back end workers and its own GEMM shapes, that a GEMM row's bits
+    depend on that row alone and on no worker (see the module docstring). Cheap: a few GEMMs
+    per shape (~0.1-0.5 s for the shipped models).
+
+    Raises:
+        UnstableBits: names the first shape and property that failed, and the BLAS.
+        TypeError: ``decoder`` does not run on the torch back end (nothing to probe).
+    """
+    backend = decoder.backend
+    if not isinstance(backend, TorchBackend):
+        raise TypeError(f"the bits probe checks the torch back end, not {backend.name!r}")
+    t0 = time.perf_counter()
+    pool = backend.pool
+    where = f"{blas()}, torch {torch.__version__}, {pool.threads} worker(s)"
+    threads = pool.on_each_worker(blas_threads)
+    if any(t is not None and t != 1 for t in threads):
+        raise UnstableBits(
+            f"the BLAS runs {max(t or 0 for t in threads)} threads on the engine's workers, which must run 1 "
+            f"({where}): a GEMM's bits would follow the thread count"
+        )
+    checks: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], int, int, torch.dtype]] = []
+    for label, w, bias, rows in _shapes(decoder):
+        n, k = w.shape
+        checks.append((f"{label} [{rows}, {k}] @ [{k}, {n}]",
+                       lambda x, w=w, bias=bias: backend.linear(x, w, bias), rows, k, w.dtype))
+    checks.extend((label, f, rows, k, torch.float32) for label, f, rows, k in _attention_shapes(decoder))
+    gen = torch.Generator().manual_seed(seed)
+    for label, f, rows, k, dtype in checks:
+        x = torch.randn(rows, k, generator=gen).to(dtype)
+        perm = torch.randperm(rows, generator=gen)
+        kept = perm[: rows // 2]
+        y = torch.randn(rows, k, generator=gen).to(dtype)
+        y[: rows // 2] = x[kept]  # half the rows moved to other places, the rest new
+        results = pool.on_each_worker(lambda x=x, y=y, f=f: (f(x).clone(), f(y).clone()))
+        ref = results[0][0]
+        if not torch.equal(results[0][1][: rows // 2], ref[kept]):
+            raise UnstableBits(
+                f"{label}: a row's bits depend on the other rows or on the row's place in the GEMM ({where})"
+            )
+        if any(not (torch.equal(a, ref) and torch.equal(b, results[0][1])) for a, b in results[1:]):
+            raise UnstableBits(f"{label}: the engine's workers compute different bits for the same rows ({where})")
+    return ProbeReport(shapes=len(checks), workers=pool.threads, seconds=time.perf_counter() - t0)
+
+
+#: decoder -> what its probe found (a decoder's workers and shapes do not change after load)
+_PROBED: weakref.WeakKeyDictionary[Decoder, ProbeReport | UnstableBits] = weakref.WeakKeyDictionary()
+
+
+def check_bits(decoder: Decoder, allow_unstable: bool = False) -> str | None:
+    """Run :func:`probe` once per decoder (logged with its time) and say how it went:
+    ``"passed"``, ``"failed"`` (only when ``allow_unstable``; logged as a warning), or ``None``
+    for a back end with nothing to probe.
+
+    Raises:
+        UnstableBits: the probe failed and ``allow_unstable`` is false.
+    """
+    if not isinstance(decoder.backend, TorchBackend):
+        return None
+    found = _PROBED.get(decoder)
+    if found is None:
+        try:
+            found = probe(decoder)
+            log.info("bits probe passed: %d GEMM shapes on %d worker(s) in %.2f s (%s)",
+                     found.shapes, found.workers, found.seconds, blas())
+        except UnstableBits as e:
+            found = e
+        _PROBED[decoder] = found
+    if isinstance(found, UnstableBits):
+        if not allow_unstable:
+            raise found
+        log.warning("bits probe failed, scoring anyway (--allow-unstable-bits): %s", found)
+        return "failed"
+    return "passed"
