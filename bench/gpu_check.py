@@ -323,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         cc = torch.cuda.get_device_capability(device)
         info.update(gpu=torch.cuda.get_device_name(device), capability=f"{cc[0]}.{cc[1]}")
+        fp8_ok = cc >= (8, 9)
     from spinf_stream.models.numerics import describe
 
     n = describe(device, "triton", torch.float32 if args.tiny else torch.bfloat16)
     info.update(numerics={"isa": n.isa, "library": n.library, "tiles": n.tiles})
-        fp8_ok = cc >= (8, 9)
     print(json.dumps(info), flush=True)
     print(json.dumps(parity_check(device)), flush=True)
     peaks = {"bf16": gemm_peak(device, "bf16")}

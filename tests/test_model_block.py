@@ -1,5 +1,5 @@
 """Every record says which model made it and how it ran: ``model`` = {name, sha256 of the weights,
-device, dtype, kernels}; a CPU score can be told from a GPU score."""
+device, dtype, kernels, numerics}; a CPU score can be told from a GPU score."""
 
 from __future__ import annotations
 
@@ -32,8 +32,12 @@ def test_a_cpu_record_names_the_model_its_weights_sha256_and_cpu_float32_torch(m
     engine = Engine.load(str(model_dir), "spam", token_budget=4096, device="cpu", dtype="float32")
     (rec,) = engine.score([MESSAGE])
     assert isinstance(rec, ScoreRecord)
+    from spinf_stream.models import numerics
+
+    described = numerics.describe(torch.device("cpu"), "torch", torch.float32)
     assert rec.model.model_dump() == {
         "name": str(model_dir), "sha256": _weights_sha256(model_dir), "device": "cpu", "dtype": "float32", "kernels": "torch",
+        "numerics": {"isa": described.isa, "library": described.library, "tiles": described.tiles, "bits_probe": "passed"},
     }
 
 
