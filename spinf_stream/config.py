@@ -235,6 +235,18 @@ class ScoringSettings(BaseSettings):
         "reject",
         description="Over-long text: reject (dead-letter record, kind too_long) or truncate (score the longest prefix that fits; the record says so).",
     )
+    max_message_bytes: int = Field(
+        4 * 1024 * 1024, ge=1,
+        description="Largest input value read (bytes); a longer one is dead-lettered as too_long without being read.",
+    )
+    max_prepare_s: float = Field(
+        30.0, gt=0,
+        description="Longest time one message may take to tokenize (with --too-long truncate: to find its prefix) before it is dead-lettered as too_slow (s).",
+    )
+    max_request_size: int = Field(
+        1024 * 1024, ge=4096,
+        description="Largest record the producer writes (bytes, Kafka's max.request.size); dead letters are cut to fit it and the topic's max.message.bytes.",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a consumer group with no committed offset starts."
     )
@@ -270,7 +282,11 @@ class ScoringSettings(BaseSettings):
     )
     liveness_timeout_s: float = Field(
         300.0, gt=0,
-        description="/healthz fails when one engine batch runs, or the event loop stalls, longer than this (s).",
+        description="/healthz fails when one engine batch runs, the event loop stalls, or records wait with none written, longer than this (s).",
+    )
+    liveness_rebalances: int = Field(
+        5, ge=1,
+        description="/healthz fails after this many rebalances in a row with no record written between them.",
     )
 
     @field_validator("input_topic", mode="before")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .layout import preamble_pass
-from .messages import Message
+from .messages import Message, has_visible_content
 from .segment import LayoutError, PreparedMessage, Segmenter
 from .tokenizer import SpecialTokensInFields
 from .models import Decoder, load_decoder
@@ -193,8 +193,8 @@ class Engine:
                     bad = _error(
                         m.id, "wrong_type", f"field {name!r} must be a string, got {type(m.fields[name]).__name__}"
                     )
-                elif not m.fields[name].strip():
-                    bad = _error(m.id, "empty_field", f"field {name!r} is empty")
+                elif not has_visible_content(m.fields[name]):
+                    bad = _error(m.id, "empty_field", f"field {name!r} is empty (no visible character)")
                 if bad:
                     break
                 fields[name] = m.fields[name]
@@ -206,6 +206,11 @@ class Engine:
             except LayoutError as e:
                 out.append(_error(m.id, e.kind, str(e)))
         return out
+
+    def prefix_chars_bound(self, text: str) -> int:
+        """Characters of a field's ``text`` beyond which no prefix of it can fit the model's
+        context (``--too-long truncate`` searches below it; cheap for any length of ``text``)."""
+        return self.segmenter.prefix_chars_bound(text)
 
     # -- run -------------------------------------------------------------------------------
 

@@ -19,11 +19,12 @@ one at the start of a file, and it is never part of the content.
 
 Rejection kinds: ``null_value`` (a Kafka tombstone), ``empty_value`` (zero bytes, e.g. a blank
 line), ``invalid_utf8``, ``invalid_json``, ``not_an_object``, ``wrong_type`` / ``empty_field``
-(``id``). Messages say where and what, never quote the content (it may be private).
+(``id``), ``too_long`` (over ``max_bytes``, unread). Messages say where and what, never quote the content (it may be private).
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +33,7 @@ import orjson
 
 from .errors import UsageError
 
-__all__ = ["BOM", "Decoded", "InputFormat", "Rejection", "decode", "json_type_name", "text_field"]
+__all__ = ["BOM", "Decoded", "InputFormat", "Rejection", "decode", "has_visible_content", "json_type_name", "text_field"]
 
 BOM = b"\xef\xbb\xbf"
 InputFormat = Literal["json", "text"]
@@ -76,6 +77,20 @@ def json_type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+#: Unicode categories of characters without visible content: spaces, format characters (zero
+#: width joiners, bidi marks), combining marks with nothing to combine with, control characters.
+INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cf", "Mn", "Cc"})
+
+
+def has_visible_content(text: str) -> bool:
+    """Whether ``text`` (after NFC) holds a character outside :data:`INVISIBLE_CATEGORIES`.
+    A text without one is an ``empty_field``, like a whitespace-only text."""
+    for ch in text:  # fast path: real text has a visible character near its start
+        if unicodedata.category(ch) not in INVISIBLE_CATEGORIES:
+            return True
+    return any(unicodedata.category(ch) not in INVISIBLE_CATEGORIES for ch in unicodedata.normalize("NFC", text))
+
+
 def text_field(pack_fields: Sequence[str], pack_name: str = "the pack") -> str:
     """The field raw text fills with ``--input-format text``: the pack's only field.
 
@@ -91,13 +106,18 @@ def text_field(pack_fields: Sequence[str], pack_name: str = "the pack") -> str:
     return pack_fields[0]
 
 
-def decode(value: bytes | None, *, input_format: InputFormat = "json", text_field: str = "text") -> Decoded | Rejection:
+def decode(
+    value: bytes | None, *, input_format: InputFormat = "json", text_field: str = "text", max_bytes: int | None = None
+) -> Decoded | Rejection:
     """Decode one input (a line without its line ending, or a record value).
 
+    ``max_bytes``: a longer value is ``too_long`` unread (the service's ``--max-message-bytes``).
     Never raises for bad input: returns a :class:`Rejection` (kinds in the module docstring).
     """
     if value is None:
         return Rejection("null_value", "a null value (a tombstone)")
+    if max_bytes is not None and len(value) > max_bytes:
+        return Rejection("too_long", f"the value is {len(value)} bytes, over --max-message-bytes {max_bytes}")
     raw = bytes(value)
     if raw.startswith(BOM):
         raw = raw[len(BOM) :]

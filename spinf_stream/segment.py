@@ -216,6 +216,12 @@ class Segmenter:
         self._tails.update(new)
         return [ids if ids is not None else new[t] for t, ids in zip(tails, got)]
 
+    def prefix_chars_bound(self, text: str) -> int:
+        """An upper bound on the characters of a field's ``text`` that can fit the model's context:
+        the chars its first ``max_positions`` (+16 for merges at the field's edges) tokens cover.
+        Cheap for any length of ``text`` (see :meth:`PromptTokenizer.prefix_chars`)."""
+        return self.tokenizer.prefix_chars(text, self.max_positions + 16)
+
     # -- prepare, step by step ---------------------------------------------------------------
 
     def prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:

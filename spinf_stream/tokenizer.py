@@ -19,6 +19,8 @@ With no special-token text in the fields the two modes give the same tokens.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -158,6 +160,22 @@ class PromptTokenizer:
         if not prompts:
             return []
         return [ids for ids, _ in self._encode(prompts, add_special_tokens, offsets=False)]
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: the longest vocabulary entry (an upper
+        bound: a byte-level or byte-fallback entry is at least as long as its text)."""
+        return max((len(t) for t in self._backend.get_vocab(with_added_tokens=True)), default=1)
+
+    def prefix_chars(self, text: str, n_tokens: int) -> int:
+        """Characters of ``text`` that its first ``n_tokens`` tokens cover, ``text`` tokenized alone
+        as plain text (``len(text)`` when it has fewer). Reads at most ``n_tokens`` x
+        :attr:`max_token_chars` characters of it: the time does not grow with the rest."""
+        head = text[: n_tokens * self.max_token_chars + 1]
+        e = self._backend.encode(head, add_special_tokens=False)
+        if len(e.ids) <= n_tokens:
+            return len(text) if len(head) == len(text) else len(head)
+        return e.offsets[n_tokens][0]
 
     def encode_with_offsets(self, prompt: Prompt, *, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of ``prompt`` and each token's ``[start, end)`` chars (``(0, 0)`` for added

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import struct
 
 import orjson
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from spinf_stream.records import ModelRef, NumericsRef
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.consume import format_record
-from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
+from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers, record_size
 from spinf_stream.stream.produce import lines_of, record_key
 from spinf_stream.stream.records import DeadLetterRecord, Source, StreamScoreRecord
 
@@ -113,40 +115,120 @@ def test_records_without_a_pack_header_are_for_any_pack():
 def test_a_dead_letter_record_keeps_the_original_bytes_key_and_headers():
     value, key = b"\x00\xffbinary", b"k1"
     headers = [("traceparent", b"00-abc-def-01"), ("x-empty", None)]
-    rec = dead_letter(
+    letter = dead_letter(
         kind="invalid_utf8", message="bad", source=Source(topic="in", partition=1, offset=9, timestamp=123),
         value=value, key=key, headers=headers, pack=("spam", "1.0.0"), model=MODEL,
     )
-    data = orjson.loads(dead_letter_bytes(rec))
+    data = orjson.loads(letter.value)
+    assert letter.value == dead_letter_bytes(letter.record) and letter.key == key
     assert base64.b64decode(data["value_b64"]) == value
     assert base64.b64decode(data["key_b64"]) == key
-    assert data["headers"] == [{"key": "traceparent", "value_b64": base64.b64encode(b"00-abc-def-01").decode()}, {"key": "x-empty", "value_b64": None}]
+    assert data["headers"] == [
+        {"key": "traceparent", "key_b64": None, "value_b64": base64.b64encode(b"00-abc-def-01").decode()},
+        {"key": "x-empty", "key_b64": None, "value_b64": None},
+    ]
     assert data["source"] == {"topic": "in", "partition": 1, "offset": 9, "timestamp": 123}
     assert data["error"]["kind"] == "invalid_utf8"
-    assert data["value_size"] == len(value) and data["value_truncated"] is False
+    assert data["value_size"] == len(value) and data["value_truncated"] is False and data["cut"] == []
     assert data["model"] == MODEL.model_dump()
     DeadLetterRecord.model_validate(data)
 
 
 def test_a_tombstone_dead_letter_has_null_value_and_key():
-    rec = dead_letter(kind="null_value", message="", source=Source(topic="t", partition=0, offset=0, timestamp=None),
-                      value=None, key=None, headers=[])
-    data = orjson.loads(dead_letter_bytes(rec))
+    letter = dead_letter(kind="null_value", message="", source=Source(topic="t", partition=0, offset=0, timestamp=None),
+                         value=None, key=None, headers=[])
+    data = orjson.loads(letter.value)
     assert data["value_b64"] is None and data["key_b64"] is None and data["value_size"] is None
 
 
-def test_an_oversized_value_is_cut_in_the_dead_letter_record_and_flagged():
-    value = bytes(range(256)) * 10
-    rec = dead_letter(kind="too_long", message="", source=Source(topic="t", partition=0, offset=0, timestamp=0),
-                      value=value, key=None, headers=[], max_value_bytes=100)
-    assert base64.b64decode(rec.value_b64) == value[:100]
-    assert rec.value_truncated and rec.value_size == len(value)
+def test_a_header_key_that_is_not_utf8_is_kept_in_base64():
+    letter = dead_letter(kind="undecodable_record", message="", source=Source(topic="t", partition=0, offset=0, timestamp=0),
+                         value=b"{}", key=None, headers=[(b"\xff\xfek", b"v")])
+    (h,) = orjson.loads(letter.value)["headers"]
+    assert base64.b64decode(h["key_b64"]) == b"\xff\xfek" and h["key"] == "\\xff\\xfek"
+
+
+def _hsha(headers):
+    h = hashlib.sha256()
+    for k, v in headers:
+        kb = k.encode() if isinstance(k, str) else k
+        h.update(struct.pack(">I", len(kb)) + kb + (b"\xff\xff\xff\xff" if v is None else struct.pack(">I", len(v)) + v))
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    "value_size, key_size, n_headers, header_size",
+    [
+        (5_000_000, 0, 0, 0),          # a huge value
+        (10, 1_000_000, 0, 0),         # the breaker's 1 MB key on a small bad value
+        (1_500_000, 1_000_000, 0, 0),  # both
+        (100, 0, 1000, 1024),          # 1,000 headers of 1 KB
+        (900_000, 200_000, 300, 1024), # all three
+        (1_048_000, 0, 0, 0),          # just over the limit once wrapped in base64
+    ],
+)
+@pytest.mark.parametrize("limit", [1024 * 1024, 200_000])
+def test_a_dead_letter_always_fits_the_limit_and_says_what_was_cut(value_size, key_size, n_headers, header_size, limit):
+    value = bytes(range(256)) * (value_size // 256) + b"x" * (value_size % 256)
+    key = (b"k" * key_size) or None
+    headers = [(f"h{i}", bytes([i % 256]) * header_size) for i in range(n_headers)]
+    out = output_headers(headers, pack_name="spam", pack_version="1", model=MODEL, error_kind="invalid_json")
+    letter = dead_letter(kind="invalid_json", message="m", source=Source(topic="t", partition=0, offset=7, timestamp=0),
+                         value=value, key=key, headers=headers, max_bytes=limit, out_headers=out)
+    # the size aiokafka's producer checks, computed here from the definition of record format v2
+    assert record_size(letter.key, letter.value, out) <= limit
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=2**30)
+    builder.append(0, timestamp=0, key=letter.key, value=letter.value, headers=out)
+    assert len(builder.build()) <= limit
+    data = orjson.loads(letter.value)
+    DeadLetterRecord.model_validate(data)
+    cuts = {c["part"]: c for c in data["cut"]}
+    kept_value = base64.b64decode(data["value_b64"])
+    assert value.startswith(kept_value) and data["value_size"] == len(value)
+    if len(kept_value) < len(value):
+        assert cuts["value"] == {"part": "value", "size": len(value), "kept": len(kept_value), "count": None,
+                                 "sha256": hashlib.sha256(value).hexdigest()}
+        assert data["value_truncated"]
+    else:
+        assert "value" not in cuts
+    if key:
+        kept_key = base64.b64decode(data["key_b64"])
+        assert key.startswith(kept_key) and letter.key == kept_key
+        if len(kept_key) < len(key):
+            assert cuts["key"]["size"] == len(key) and cuts["key"]["sha256"] == hashlib.sha256(key).hexdigest()
+    if headers:
+        kept = data["headers"]
+        assert [h["key"] for h in kept] == [k for k, _ in headers[: len(kept)]]
+        if len(kept) < len(headers):
+            assert cuts["headers"]["count"] == len(headers) and cuts["headers"]["kept"] == len(kept)
+            assert cuts["headers"]["sha256"] == _hsha(headers)
+            assert cuts["headers"]["size"] == sum(len(k) + len(v) for k, v in headers)
+    # something of every part is kept when the limit allows it
+    assert len(kept_value) > 0
+
+
+def test_a_dead_letter_that_fits_keeps_everything():
+    value, key = b"v" * 100_000, b"k" * 1000
+    headers = [(f"h{i}", b"x" * 100) for i in range(50)]
+    letter = dead_letter(kind="invalid_json", message="", source=Source(topic="t", partition=0, offset=0, timestamp=0),
+                         value=value, key=key, headers=headers)
+    data = orjson.loads(letter.value)
+    assert data["cut"] == [] and len(data["headers"]) == 50 and letter.key == key
+    assert base64.b64decode(data["value_b64"]) == value
 
 
 def test_the_too_long_policy_is_stated_in_the_dead_letter_record():
-    rec = dead_letter(kind="too_long", message="x", source=Source(topic="t", partition=0, offset=0, timestamp=0),
-                      value=b"{}", key=None, headers=[], policy="reject")
-    assert orjson.loads(dead_letter_bytes(rec))["error"]["policy"] == "reject"
+    letter = dead_letter(kind="too_long", message="x", source=Source(topic="t", partition=0, offset=0, timestamp=0),
+                         value=b"{}", key=None, headers=[], policy="reject")
+    assert orjson.loads(letter.value)["error"]["policy"] == "reject"
+
+
+def test_trace_headers_longer_than_the_w3c_sizes_are_not_passed_through():
+    h = output_headers([("traceparent", b"0" * 100_000), ("tracestate", b"a=b")], pack_name="p", pack_version="1", model=MODEL)
+    assert ("tracestate", b"a=b") in h and all(k != "traceparent" for k, _ in h)
 
 
 def test_output_headers_name_pack_model_device_and_dtype_and_pass_trace_context_through():

@@ -143,11 +143,18 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(topics, tiny_model, tmp_p
     t = topics(3)
     messages = real_messages("sms_spam", 400)
     values = [json_line(m) for m in messages]
-    values[17] = b"not json at all"  # dead letters count as written too
-    metas = produce(t, values, keys=[m["id"].encode() for m in messages])
+    keys = [m["id"].encode() for m in messages]
+    headers: list[Any] = [None] * len(values)
+    # dead letters count as written too; among them the kinds that once stopped a partition
+    values[17] = b"not json at all"
+    values[41], keys[41] = b"{not json", b"K" * (1 << 20)  # a 1 MiB key: the dead letter is cut to fit
+    values[63], headers[63] = b"[1, 2", [(f"h{i}", b"x" * 1024) for i in range(1000)]  # 1,000 headers of 1 KB
+    values[85] = json_line({"id": "big", "text": "y" * 30_000})  # over --max-message-bytes
+    values[107] = json_line({"id": "invisible", "text": "\u200b\u0301\u00a0"})
+    metas = produce(t, values, keys=keys, headers=headers, max_request_size=4 << 20)
     settings = engine_settings(
         t, tiny_model, max_batch_messages=4, max_inflight=16, window_ms=0, commit_interval_ms=100,
-        session_timeout_ms=6000, heartbeat_interval_ms=500,
+        session_timeout_ms=6000, heartbeat_interval_ms=500, max_message_bytes=20_000,
     )
     log = tmp_path / "scorer.log"
 
@@ -178,6 +185,14 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(topics, tiny_model, tmp_p
             for m in metas:
                 end[m.partition] = max(end.get(m.partition, 0), m.offset + 1)
             assert await _assert_commits_cover_only_written(t, settings.group_id, metas, col.sources) == end
+            await asyncio.sleep(1.0)
+            # duplicates only where at-least-once allows them: records not committed at the kill
+            from collections import Counter
+
+            twice = [src for src, n in Counter(source_of(r) for r in col.records).items() if n > 1]
+            assert all(src[2] >= committed.get(src[1], 0) for src in twice), twice
+            kinds = {orjson.loads(r.value)["error"]["kind"] for r in col.records if "error" in orjson.loads(r.value)}
+            assert kinds == {"invalid_json", "too_long", "empty_field"}
 
     asyncio.run(go())
 
@@ -211,6 +226,8 @@ def poison_cases() -> list[tuple[str, bytes | None, list[tuple[str, bytes]] | No
         ("text is a list", j({"id": "p-list", "text": ["a"]}), None, "wrong_type"),
         ("text is empty", j({"id": "p-empty", "text": ""}), None, "empty_field"),
         ("text is whitespace", j({"id": "p-ws", "text": " \n\t "}), None, "empty_field"),
+        # zero-width space, zero-width joiner, a combining acute with no base, no-break space, bidi mark
+        ("text is invisible", j({"id": "p-invisible", "text": "\u200b\u200d\u0301\u00a0\u200f"}), None, "empty_field"),
         ("id is a boolean", j({"id": True, "text": "hello"}), None, "wrong_type"),
         ("id is an object", j({"id": {"n": 1}, "text": "hello"}), None, "wrong_type"),
         ("id is empty", j({"id": "", "text": "hello"}), None, "empty_field"),
@@ -262,6 +279,9 @@ def test_poison_messages_go_to_the_dead_letter_topic_and_good_ones_are_scored(to
         assert body["error"]["kind"] == kind, name
         assert body["error"]["message"], name
         assert body["source"]["offset"] == meta.offset
+        given = orjson.loads(value).get("id") if kind in ("unknown_pack", "empty_field", "missing_field") else None
+        if isinstance(given, str) and given:  # a dead letter carries the id when the value has one
+            assert body["id"] == given, name
         assert (None if body["value_b64"] is None else base64.b64decode(body["value_b64"])) == value, name
         assert base64.b64decode(body["key_b64"]) == key
         assert dict(rec.headers)["spinf-error-kind"] == kind.encode()

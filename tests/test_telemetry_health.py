@@ -35,6 +35,52 @@ class Clock:
 # -- the rules ----------------------------------------------------------------------------------
 
 
+def test_liveness_fails_when_records_wait_past_the_limit_with_none_written(caplog):
+    clock = Clock()
+    h = Health(stall_limit_s=10, clock=clock)
+    h.beat()
+    h.waiting(0)
+    clock.t += 100  # nothing waits: idle is not a stall
+    h.beat()
+    assert h.liveness().ok and h.stalled_s() == 0
+    h.waiting(7)
+    clock.t += 9
+    h.beat()
+    assert h.liveness().ok
+    h.progress()  # a record written: the clock restarts
+    clock.t += 9
+    h.beat()
+    assert h.liveness().ok and h.stalled_s() == 9
+    clock.t += 2
+    h.beat()
+    with caplog.at_level("WARNING"):
+        c = h.liveness()
+        h.liveness()
+    assert not c.ok and c.reasons == ("7 records waiting, none written for 11 s (limit 10 s)",)
+    assert c.detail["waiting_records"] == 7 and c.detail["stalled_s"] == 11
+    assert [r.getMessage() for r in caplog.records] == ["liveness failing: " + c.reasons[0]]  # once
+    h.waiting(0)
+    assert h.liveness().ok
+
+
+def test_liveness_fails_after_rebalances_in_a_row_without_a_written_record():
+    clock = Clock()
+    h = Health(stall_limit_s=10, clock=clock, rebalance_limit=3)
+    h.beat()
+    for _ in range(2):
+        h.rebalanced()
+    assert h.liveness().ok
+    h.progress()
+    for _ in range(2):
+        h.rebalanced()
+    assert h.liveness().ok  # the count restarted at the written record
+    h.rebalanced()
+    c = h.liveness()
+    assert not c.ok and c.reasons == ("3 rebalances in a row with no record written (limit 3)",)
+    h.progress()
+    assert h.liveness().ok
+
+
 def test_liveness_passes_while_the_model_loads_before_the_loop_starts():
     clock = Clock()
     h = Health(stall_limit_s=10, clock=clock)

@@ -9,6 +9,8 @@ import asyncio
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,10 +155,27 @@ def load_engine(settings: ScoringSettings) -> Any:
     return engine
 
 
+#: After a second signal, the process ends within this many seconds whatever it is doing.
+FORCED_EXIT_S = 15.0
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once with ``code``, logs flushed: no interpreter shutdown, which would
+    wait for (or abort on) the engine's and tokenizer's native threads mid-computation."""
+    logging.shutdown()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 async def serve(service: ScoringService) -> int:
     """Run ``service`` with SIGTERM/SIGINT handlers: the first drains and stops it (exit 0; 1 if
-    the drain outlasted ``--shutdown-timeout-s``), a second stops at once (offsets of unwritten
-    records stay uncommitted; exit 130). A failure (e.g. a write the broker refused) exits 1."""
+    the drain outlasted ``--shutdown-timeout-s``), a second stops at once: what was written is
+    flushed and what was acknowledged committed (a few seconds at most), offsets of unwritten
+    records stay uncommitted, exit 130 (:func:`run_scorer` ends the process without waiting for
+    the engine). A failure (e.g. a write the broker refused) exits 1."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     forced = False
@@ -164,8 +183,14 @@ async def serve(service: ScoringService) -> int:
     def on_signal(sig: signal.Signals) -> None:
         nonlocal forced
         if service.stopping:
+            if forced:
+                return
             log.warning("%s again: stopping without draining", sig.name)
             forced = True
+            service.abort()
+            watchdog = threading.Timer(FORCED_EXIT_S, _exit_now, (EXIT_INTERRUPTED,))
+            watchdog.daemon = True
+            watchdog.start()
             if task is not None:
                 task.cancel()
         else:
@@ -212,7 +237,10 @@ def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
             if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
                 scorer = engine_thread.call(load_engine_timed, settings, telemetry)
             service = ScoringService(settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
-            return asyncio.run(serve(service))
+            code = asyncio.run(serve(service))
+            if code == EXIT_INTERRUPTED:
+                _exit_now(code)
+            return code
     except OperationsError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG

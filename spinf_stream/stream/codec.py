@@ -43,10 +43,12 @@ def decode_value(
     offset: int,
     input_format: InputFormat = "json",
     text_field: str = TEXT_FIELD,
+    max_bytes: int | None = None,
 ) -> Decoded | Rejection:
     """Decode one record value (``text_field``: the field raw text fills with ``--input-format
-    text``). Never raises for bad input: returns a :class:`Rejection`."""
-    got = decode(value, input_format=input_format, text_field=text_field)
+    text``; ``max_bytes``: a longer value is ``too_long``, unread). Never raises for bad input:
+    returns a :class:`Rejection`."""
+    got = decode(value, input_format=input_format, text_field=text_field, max_bytes=max_bytes)
     if isinstance(got, Rejection):
         return got
     if got.id is None:

@@ -43,15 +43,19 @@ async def produce_values(
     *,
     keys: Iterable[bytes | None] | None = None,
     headers: Iterable[list[tuple[str, bytes]] | None] | None = None,
+    max_request_size: int = 1024 * 1024,
 ) -> list[RecordMetadata]:
     """Write ``values`` to ``topic`` in order; return each record's metadata (partition, offset).
+    ``max_request_size``: the producer's largest record (bytes; Kafka's default 1 MiB).
 
     Waits for every acknowledgement; raises the producer's error if one fails.
     """
     values = list(values)
     keys = list(keys) if keys is not None else [None] * len(values)
     hdrs = list(headers) if headers is not None else [None] * len(values)
-    producer = AIOKafkaProducer(**client_kwargs, acks="all", enable_idempotence=False, linger_ms=5)
+    producer = AIOKafkaProducer(
+        **client_kwargs, acks="all", enable_idempotence=False, linger_ms=5, max_request_size=max_request_size
+    )
     await producer.start()
     try:
         futures = []

@@ -52,8 +52,24 @@ class Header(BaseModel):
     """One Kafka record header of the input record (keys may repeat)."""
 
     model_config = ConfigDict(extra="forbid")
-    key: str
+    key: str = Field(description="The header key; a key that is not UTF-8 is shown with \\xNN escapes (see key_b64).")
+    key_b64: str | None = Field(None, description="Only for a key that is not UTF-8: its bytes, base64.")
     value_b64: str | None = Field(description="The header value, base64 (standard alphabet, padded); null for a null value.")
+
+
+class Cut(BaseModel):
+    """A part of the input record that the dead letter holds only a prefix of, so that the dead
+    letter fits the producer's and the topic's size limits."""
+
+    model_config = ConfigDict(extra="forbid")
+    part: Literal["value", "key", "headers"]
+    size: int = Field(ge=0, description="Bytes of the whole part (headers: keys and values together).")
+    kept: int = Field(ge=0, description="What the dead letter keeps of it: bytes (value, key) or headers (headers).")
+    count: int | None = Field(None, ge=0, description="headers only: how many the input record had.")
+    sha256: str = Field(
+        description="sha256 (hex) of the whole part: its bytes; for headers, of each header's key and value "
+        "bytes, each preceded by its length as 4 bytes big-endian (0xFFFFFFFF for a null value)."
+    )
 
 
 class DeadLetterError(ErrorInfo):
@@ -63,9 +79,13 @@ class DeadLetterError(ErrorInfo):
     ``invalid_utf8`` (bytes are not UTF-8), ``invalid_json``, ``not_an_object`` (JSON but not an
     object), ``null_value`` (tombstone), ``empty_value`` (zero
     bytes), ``missing_field`` / ``wrong_type`` / ``empty_field`` (a field the pack uses, or ``id``),
-    ``too_long`` (the text does not fit the model; see ``policy``), ``unknown_pack`` (the record's
-    ``spinf-pack`` header asks for a pack this scorer does not run), ``engine_error`` (the engine
-    failed on this message alone), or another kind the engine reports.
+    ``too_long`` (the text does not fit the model, or the value exceeds ``--max-message-bytes``;
+    see ``policy``), ``too_slow`` (preparing the message took longer than
+    ``--max-prepare-s``), ``unknown_pack`` (the record's ``spinf-pack`` header asks for a pack
+    this scorer does not run), ``undecodable_record`` (the Kafka client could not parse the record:
+    a header key that is not UTF-8, a corrupt batch, an unknown compression codec),
+    ``record_too_large`` (the score record would exceed the size the producer or topic accepts),
+    ``engine_error`` (the engine failed on this message alone), or another kind the engine reports.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -88,6 +108,10 @@ class DeadLetterRecord(BaseModel):
     )
     key_b64: str | None = Field(description="The input record's key, base64; null when it had none.")
     headers: list[Header] = Field(default_factory=list)
+    cut: list[Cut] = Field(
+        default_factory=list,
+        description="The parts of the input record kept only in part (a prefix), with their full sizes and sha256; empty when the dead letter holds the whole record.",
+    )
     pack: dict[str, str] | None = Field(None, description="The pack this scorer runs: {name, version}.")
     model: ModelRef | None = Field(None, description="The model this scorer runs, and how (device, dtype, kernels).")
 

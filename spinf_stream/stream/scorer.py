@@ -77,29 +77,73 @@ def prepare_messages(
     make_message: MessageFactory,
     messages: Sequence[tuple[str, dict[str, Any]]],
     too_long: Literal["truncate", "reject"],
+    max_prepare_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[Prepared]:
-    """``scorer.prepare`` with the over-long policy applied. Blocking (tokenization).
+    """``scorer.prepare`` with the over-long policy and the time bound applied. Blocking
+    (tokenization).
 
     With ``truncate``, a message the engine rejects as ``too_long`` is retried with its longest
     field among those the pack uses cut to the longest prefix (in characters, found by bisection)
-    that the engine accepts.
+    that the engine accepts. The search starts below the scorer's ``prefix_chars_bound(text)``
+    when it has one (the engine does), so the rest of a huge text is never tokenized.
+
+    A message whose preparation takes longer than ``max_prepare_s`` seconds (its tokenization,
+    and the search of a prefix) is a ``too_slow`` error record.
     """
-    items = scorer.prepare([make_message(i, f) for i, f in messages])
-    if len(items) != len(messages):
-        raise RuntimeError(f"engine.prepare returned {len(items)} items for {len(messages)} messages")
-    out = [Prepared(item) for item in items]
-    if too_long != "truncate":
-        return out
+    out: list[Prepared] = []
     pack_fields = tuple(scorer.pack.fields)
-    for k, (p, (message_id, fields)) in enumerate(zip(out, messages)):
-        if is_error(p.item) and p.item.error.kind == "too_long":
-            out[k] = _truncate_to_fit(scorer, make_message, message_id, fields, pack_fields, p)
+    bound = getattr(scorer, "prefix_chars_bound", None)
+    for message_id, fields in messages:
+        started = clock()
+        deadline = None if max_prepare_s is None else started + max_prepare_s
+        over = _over_bound(bound, fields, pack_fields)
+        if over is not None:  # too long, known without tokenizing all of it
+            name, limit = over
+            p = Prepared(ErrorRecord(id=message_id, error=ErrorInfo(kind="too_long", message=(
+                f"field {name!r} is {len(fields[name])} characters; no more than {limit} of them fit the model's context"))))
+        else:
+            (item,) = _prepare_one(scorer, make_message(message_id, fields))
+            p = Prepared(item)
+        if too_long == "truncate" and is_error(p.item) and p.item.error.kind == "too_long":
+            p = _truncate_to_fit(scorer, make_message, message_id, fields, pack_fields, p, over, deadline, clock)
+        if deadline is not None and clock() > deadline:
+            took = clock() - started
+            p = Prepared(ErrorRecord(id=message_id, error=ErrorInfo(
+                kind="too_slow", message=f"preparing the message took over {max_prepare_s:g} s ({took:.1f} s)")))
+        out.append(p)
     return out
+
+
+#: Fields at most this long are tokenized whole before the over-long policy applies; a longer one
+#: is first measured against the scorer's ``prefix_chars_bound`` (one tokenization of a prefix).
+PRECUT_CHARS = 1 << 16
+
+
+def _over_bound(bound: Any, fields: dict[str, Any], pack_fields: Sequence[str]) -> tuple[str, int] | None:
+    """``(field, chars that can fit)`` of a field so long that no more than a prefix can fit."""
+    if bound is None:
+        return None
+    for name in pack_fields:
+        text = fields.get(name)
+        if isinstance(text, str) and len(text) > PRECUT_CHARS:
+            limit = int(bound(text))
+            if limit < len(text):
+                return name, limit
+    return None
+
+
+def _prepare_one(scorer: Scorer, message: Any) -> list[Any]:
+    items = scorer.prepare([message])
+    if len(items) != 1:
+        raise RuntimeError(f"engine.prepare returned {len(items)} items for 1 message")
+    return items
 
 
 def _truncate_to_fit(
     scorer: Scorer, make_message: MessageFactory, message_id: str, fields: dict[str, Any],
-    pack_fields: Sequence[str], rejected: Prepared,
+    pack_fields: Sequence[str], rejected: Prepared, known: tuple[str, int] | None, deadline: float | None,
+    clock: Callable[[], float],
 ) -> Prepared:
     texts = [(len(fields[f]), f) for f in pack_fields if isinstance(fields.get(f), str)]
     if not texts:
@@ -108,13 +152,18 @@ def _truncate_to_fit(
     text = fields[name]
     if length < 2:
         return rejected
+    hi = len(text) - 1
+    if known is not None and known[0] == name:  # no prefix longer than the bound can fit
+        hi = min(hi, known[1])
 
     def attempt(n_chars: int) -> Any:
-        return scorer.prepare([make_message(message_id, {**fields, name: text[:n_chars]})])[0]
+        return _prepare_one(scorer, make_message(message_id, {**fields, name: text[:n_chars]}))[0]
 
     best: tuple[int, Any] | None = None
-    lo, hi = 1, len(text) - 1
+    lo = 1
     while lo <= hi:  # largest prefix the engine accepts; acceptance is monotone in the length
+        if deadline is not None and clock() > deadline:
+            return rejected  # the caller turns it into too_slow
         mid = (lo + hi) // 2
         item = attempt(mid)
         if is_error(item):

@@ -1,9 +1,18 @@
 """The scoring service: consume → decode → prepare → micro-batch → engine → produce → commit.
 
-One asyncio task polls the consumer without pause — also while the engine runs and while the
-partitions are paused for backpressure — so the member never misses ``max.poll.interval.ms`` and
-never leaves its group because a batch is slow. The engine runs in its own thread; tokenization
-(``prepare``) in another, so the next batch is fetched and tokenized while the current one runs.
+One asyncio task polls the consumer without pause — also while the engine runs, while a message
+is tokenized and while the partitions are paused for backpressure — so the member never misses
+``max.poll.interval.ms`` and never leaves its group because a batch or a message is slow. The
+engine runs in its own thread; tokenization (``prepare``) in another, fed by its own task, so the
+next batch is fetched and tokenized while the current one runs and the poll loop never waits on it.
+
+No record stops a partition: a value over ``--max-message-bytes`` is dead-lettered unread, a
+message whose preparation outlasts ``--max-prepare-s`` is dead-lettered ``too_slow``, a record the
+Kafka client cannot parse is dead-lettered ``undecodable_record``
+(:mod:`~spinf_stream.stream.fetch_guard`), a dead letter is cut to fit the size the producer and
+topic accept (:mod:`~spinf_stream.stream.dlq`), a score record over it becomes a
+``record_too_large`` dead letter, and a record the broker still refuses for its size is reported
+and skipped.
 
 Threads, sized to the machine (README, "The service"): the event loop (consume, decode, build
 records, produce, commit) on the main thread; tokenization on one thread (about 0.6 ms per
@@ -30,8 +39,8 @@ Delivery (at-least-once):
 - :meth:`ScoringService.stop` (SIGTERM/SIGINT) drains: no new records, the open batch runs at
   once, everything is written and acknowledged, offsets are committed, the clients close.
 
-A failure to write (the producer gives up) stops the service with an error and commits nothing past
-the failed record; a restart rescores from there.
+A failure to write other than for size (the producer gives up) stops the service with an error and
+commits nothing past the failed record; a restart rescores from there.
 """
 
 from __future__ import annotations
@@ -46,14 +55,16 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
 
 from spinf_stream.config import RunSettings
 from spinf_stream.messages import text_field
 from spinf_stream.stream.batcher import Batcher
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
-from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers
+from spinf_stream.stream import fetch_guard
+from spinf_stream.stream.dlq import dead_letter, output_headers, record_size
 from spinf_stream.stream.engine_thread import EngineThread
+from spinf_stream.stream.fetch_guard import UndecodableRecord
 from spinf_stream.stream.offsets import PartitionOffsets
 from spinf_stream.stream.records import Source
 from spinf_stream.stream.scorer import (
@@ -72,6 +83,11 @@ from spinf_stream.telemetry import PartitionSample, Sample, StreamTelemetry
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
+#: After :meth:`ScoringService.abort`: the longest wait for the producer's flush, and for the
+#: final commit, each (s).
+ABORT_WAIT_S = 5.0
+#: Errors by which the producer or the broker refuses a record for its size.
+SIZE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 # Messages tokenized per call to Engine.prepare: a full batch can start before a large fetch is
 # all tokenized (the batcher holds a partial one while the rest is tokenized).
 PREPARE_CHUNK = 128
@@ -142,6 +158,7 @@ class ServiceStats:
     commits: int = 0
     rebalances: int = 0
     dropped_on_revoke: int = 0
+    skipped: int = 0  # records the broker refused for their size (reported, not written)
     committed: dict[TopicPartition, int] = field(default_factory=dict)
     assignment: set[TopicPartition] = field(default_factory=set)
     first_consumed_at: float | None = None  # time.monotonic() of the first consumed record
@@ -209,6 +226,7 @@ class ScoringService:
         self._progress = asyncio.Event()  # set whenever a record is acknowledged or fails
         self._stop_requested = asyncio.Event()
         self._fatal: BaseException | None = None
+        self._aborting = False
         self._paused = False
         self._ingesting = 0
         self._preparing = 0  # records read and decoded, not yet tokenized
@@ -222,6 +240,11 @@ class ScoringService:
         self._engine_thread = engine_thread if engine_thread is not None else EngineThread()
         # One thread: tokenizing is ~0.6 ms per message (smollm2, sms_spam), far ahead of the engine.
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="spinf-prepare")
+        self._prepare_queue: asyncio.Queue[tuple[_Slot, tuple[str, dict[str, Any]]]] = asyncio.Queue()
+        # the largest record written: the producer's max.request.size, lowered at start to the
+        # output and dead-letter topics' max.message.bytes where the broker says
+        self._max_record_bytes = settings.max_request_size
+        fetch_guard.install()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -231,6 +254,13 @@ class ScoringService:
             log.info("stop requested: draining")
         self._stop_requested.set()
         self.telemetry.health.stopping()
+
+    def abort(self) -> None:
+        """Stop without draining (a second SIGTERM/SIGINT): the caller cancels :meth:`run`; what
+        was written is flushed and what was acknowledged committed, each for at most
+        :data:`ABORT_WAIT_S`."""
+        self._aborting = True
+        self.stop()
 
     @property
     def stopping(self) -> bool:
@@ -261,6 +291,7 @@ class ScoringService:
             acks="all",
             enable_idempotence=s.enable_idempotence,
             linger_ms=5,
+            max_request_size=s.max_request_size,
         )
         self._consumer = AIOKafkaConsumer(
             **kafka,
@@ -273,6 +304,7 @@ class ScoringService:
             rebalance_timeout_ms=s.max_poll_interval_ms,
         )
         await self._producer.start()
+        self._max_record_bytes = await self._record_limit()
         tasks: list[asyncio.Task[None]] = []
         graceful = False
         try:
@@ -285,6 +317,7 @@ class ScoringService:
                 self._model.device, self._model.dtype,
             )
             tasks = [
+                asyncio.create_task(self._guard(self._prepare_loop()), name="spinf-prepare"),
                 asyncio.create_task(self._guard(self._engine_loop()), name="spinf-engine"),
                 asyncio.create_task(self._guard(self._send_loop()), name="spinf-send"),
                 asyncio.create_task(self._guard(self._commit_loop()), name="spinf-commit"),
@@ -299,11 +332,41 @@ class ScoringService:
         if self._fatal is not None:
             raise self._fatal
 
+    async def _record_limit(self) -> int:
+        """``--max-request-size``, lowered to the output and dead-letter topics' ``max.message.bytes``
+        where the broker tells it (a broker that does not answer leaves the producer's limit)."""
+        from aiokafka.admin import AIOKafkaAdminClient
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        limit = self.settings.max_request_size
+        admin = AIOKafkaAdminClient(**self.settings.client_kwargs())
+        try:
+            await asyncio.wait_for(admin.start(), 5)
+            topics = sorted({self.settings.output_topic, self.settings.dlq_topic})
+            answers = await asyncio.wait_for(
+                admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics]),
+                5,
+            )
+            for answer in answers:
+                for resource in getattr(answer, "resources", ()):
+                    for entry in resource[4] if len(resource) > 4 else ():
+                        if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                            limit = min(limit, int(entry[1]))
+        except Exception as exc:  # an optional refinement: the producer's limit stands
+            log.debug("topic max.message.bytes not known (%s: %s)", type(exc).__name__, exc)
+        finally:
+            try:
+                await admin.close()
+            except Exception:
+                pass
+        return limit
+
     async def _close(self, graceful: bool) -> None:
+        wait = ABORT_WAIT_S if self._aborting else None
         try:
             if self._fatal is None and self._producer is not None:
-                await self._producer.flush()
-            await self._commit()
+                await asyncio.wait_for(self._producer.flush(), wait)
+            await asyncio.wait_for(self._commit(), wait)
         except Exception as exc:  # closing must go on: log and keep closing
             log.warning("final commit failed: %s", exc)
         finally:
@@ -412,10 +475,11 @@ class ScoringService:
             self._paused = False
 
     async def _ingest(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """Track, decode and queue the records of one poll for tokenization; dead-letter those
+        that are no message. Never waits on tokenization (the prepare loop does it)."""
         s = self.settings
-        to_prepare: list[_Slot] = []
-        messages: list[tuple[str, dict[str, Any]]] = []
         now = time.monotonic()
+        queued = 0
         for tp, records in data.items():
             part = self._parts.get(tp)
             if part is None or part.revoked:
@@ -434,56 +498,71 @@ class ScoringService:
                 self.stats.consumed += 1
                 if self.stats.first_consumed_at is None:
                     self.stats.first_consumed_at = time.monotonic()
-                decoded = check_pack_header(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1])
-                if decoded is None:
-                    decoded = decode_value(
-                        rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
-                        input_format=s.input_format, text_field=self._text_field,
-                    )
-                if isinstance(decoded, Rejection):
-                    self._dead_letter(slot, decoded.kind, decoded.message, message_id=decoded.id)
+                if isinstance(rec, UndecodableRecord):
+                    self._dead_letter(slot, "undecodable_record", f"the Kafka client cannot parse this record: {rec.reason}")
+                    continue
+                decoded = decode_value(
+                    rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
+                    input_format=s.input_format, text_field=self._text_field, max_bytes=s.max_message_bytes,
+                )
+                wrong_pack = check_pack_header(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1])
+                if wrong_pack is not None:
+                    given = decoded.id if isinstance(decoded, Decoded) and decoded.id_given else None
+                    self._dead_letter(slot, wrong_pack.kind, wrong_pack.message, message_id=given)
+                elif isinstance(decoded, Rejection):
+                    policy = s.too_long if decoded.kind == "too_long" else None
+                    self._dead_letter(slot, decoded.kind, decoded.message, message_id=decoded.id, policy=policy)
                 else:
-                    assert isinstance(decoded, Decoded)
                     slot.message_id = decoded.id
-                    to_prepare.append(slot)
-                    messages.append((decoded.id, decoded.fields))
+                    self._prepare_queue.put_nowait((slot, (decoded.id, decoded.fields)))
+                    queued += 1
             self.telemetry.consumed(tp.topic, tp.partition, fresh)
         for tp in data:  # dead letters at the head of a partition can go now
             part = self._parts.get(tp)
             if part is not None:
                 self._release(part)
+        if queued:
+            # until the prepare loop has tokenized them, the batcher holds a partial batch (backlog)
+            self._preparing += queued
+            self._update_backlog()
+
+    async def _prepare_loop(self) -> None:
+        """Tokenize queued messages on the prepare thread, in chunks so that the engine can start
+        on the first full batch while the rest is tokenized; dead-letter those the engine rejects."""
+        s = self.settings
         loop = asyncio.get_running_loop()
-        # Tokenize in chunks so the engine can start on the first full batch while the rest is
-        # prepared; until the last chunk is in, the batcher holds a partial batch (backlog).
-        self._preparing += len(messages)
-        self._update_backlog()
-        left = len(messages)
-        try:
-            for start in range(0, len(messages), PREPARE_CHUNK):
-                chunk_slots = to_prepare[start : start + PREPARE_CHUNK]
-                prepared: list[Prepared] = await loop.run_in_executor(
-                    self._prepare_pool, prepare_messages, self.scorer, self._make_message,
-                    messages[start : start + PREPARE_CHUNK], s.too_long,
-                )
+        q = self._prepare_queue
+        while True:
+            chunk = [await q.get()]
+            while len(chunk) < PREPARE_CHUNK and not q.empty():
+                chunk.append(q.get_nowait())
+            try:
+                live = [(slot, m) for slot, m in chunk if not slot.part.revoked]
+                prepared: list[Prepared] = []
+                if live:
+                    prepared = await loop.run_in_executor(
+                        self._prepare_pool, prepare_messages, self.scorer, self._make_message,
+                        [m for _, m in live], s.too_long, s.max_prepare_s,
+                    )
                 touched: dict[TopicPartition, _Partition] = {}
-                for slot, p in zip(chunk_slots, prepared):
+                for (slot, _), p in zip(live, prepared):
                     if slot.part.revoked:
                         continue
                     slot.truncated = p.truncated
                     if is_error(p.item):
-                        policy = s.too_long if p.item.error.kind == "too_long" else None
-                        self._dead_letter(slot, p.item.error.kind, p.item.error.message, message_id=slot.message_id, policy=policy)
+                        kind = p.item.error.kind
+                        if kind == "too_slow":
+                            log.warning("%s[%d]@%d: %s", slot.record.topic, slot.record.partition, slot.record.offset,
+                                        p.item.error.message)
+                        policy = s.too_long if kind == "too_long" else None
+                        self._dead_letter(slot, kind, p.item.error.message, message_id=slot.message_id, policy=policy)
                         touched[slot.part.tp] = slot.part
                     else:
                         self._batcher.add((slot, p.item), int(p.item.n_tokens))
                 for part in touched.values():
                     self._release(part)
-                self._preparing -= len(chunk_slots)
-                left -= len(chunk_slots)
-                self._update_backlog()
-        finally:
-            if left:  # a failed tokenization: the service is failing; leave no claim behind
-                self._preparing -= left
+            finally:
+                self._preparing -= len(chunk)
                 self._update_backlog()
 
     # -- engine -------------------------------------------------------------------------------
@@ -552,8 +631,14 @@ class ScoringService:
         rec = slot.record
         topic = self.settings.output_topic
         headers = output_headers(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model)
+        value = orjson.dumps(body)
+        size = record_size(rec.key, value, headers)
+        if size > self._max_record_bytes:
+            self._dead_letter(slot, "record_too_large", (
+                f"the score record would be {size} bytes; the producer and topic accept {self._max_record_bytes}"))
+            return
         headers, slot.span = self.telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
-        slot.out = _Outgoing(topic=topic, value=orjson.dumps(body), key=rec.key, headers=headers)
+        slot.out = _Outgoing(topic=topic, value=value, key=rec.key, headers=headers)
         self.stats.scored += 1
 
     def _dead_letter(
@@ -567,7 +652,12 @@ class ScoringService:
         release: bool = False,
     ) -> None:
         rec = slot.record
-        record = dead_letter(
+        topic = self.settings.dlq_topic
+        headers = output_headers(
+            rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
+        )
+        headers, slot.span = self.telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
+        letter = dead_letter(
             kind=kind,
             message=message,
             source=self._source(rec),
@@ -578,13 +668,13 @@ class ScoringService:
             policy=policy,
             pack=self._pack,
             model=self._model,
+            max_bytes=self._max_record_bytes,
+            out_headers=headers,
         )
-        topic = self.settings.dlq_topic
-        headers = output_headers(
-            rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
-        )
-        headers, slot.span = self.telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
-        slot.out = _Outgoing(topic=topic, value=dead_letter_bytes(record), key=rec.key, headers=headers, error_type=kind)
+        if letter.record.cut:
+            log.info("dead letter %s[%d]@%d cut to fit %d bytes: %s", rec.topic, rec.partition, rec.offset,
+                     self._max_record_bytes, ", ".join(f"{c.part} {c.kept} of {c.size}" for c in letter.record.cut))
+        slot.out = _Outgoing(topic=topic, value=letter.value, key=letter.key, headers=headers, error_type=kind)
         self.stats.dead_lettered += 1
         log.debug("dead letter %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, kind)
         if release:
@@ -608,7 +698,11 @@ class ScoringService:
             partition = None
             if out.key is None:  # keep unkeyed records of one input partition in one output partition
                 partition = await self._unkeyed_partition(out.topic, slot.record.partition)
-            fut = await producer.send(out.topic, out.value, key=out.key, headers=out.headers, partition=partition)
+            try:
+                fut = await producer.send(out.topic, out.value, key=out.key, headers=out.headers, partition=partition)
+            except SIZE_ERRORS as exc:  # the producer's own size check
+                self._skip(slot, exc)
+                continue
             fut.add_done_callback(lambda f, slot=slot: self._on_ack(slot, f))
 
     async def _unkeyed_partition(self, topic: str, source_partition: int) -> int:
@@ -623,6 +717,9 @@ class ScoringService:
         if fut.cancelled():
             return
         exc = fut.exception()
+        if isinstance(exc, SIZE_ERRORS):  # the broker's size check
+            self._skip(slot, exc)
+            return
         if exc is not None:
             rec = slot.record
             self._fail(ProduceFailed(f"writing the record for {rec.topic}[{rec.partition}]@{rec.offset} failed: {exc!r}"))
@@ -636,6 +733,19 @@ class ScoringService:
         )
         if not slot.part.revoked:
             slot.part.offsets.ack(slot.record.offset)
+        self._progress.set()
+
+    def _skip(self, slot: _Slot, exc: BaseException) -> None:
+        """The record written for ``slot`` was refused for its size: report it, count it, and
+        treat the input record as done (its offset may be committed past)."""
+        rec = slot.record
+        out_topic = slot.out.topic if slot.out is not None else "?"
+        self.telemetry.skipped(rec.topic, rec.partition, rec.offset, out_topic, exc)
+        self.stats.skipped += 1
+        if slot.span is not None:
+            slot.span.end()
+        if not slot.part.revoked:
+            slot.part.offsets.ack(rec.offset)
         self._progress.set()
 
     # -- commit -------------------------------------------------------------------------------
@@ -731,7 +841,23 @@ class ScoringService:
             lag = max(0, end - c) if c is not None else None
             samples.append(PartitionSample(tp.topic, tp.partition, lag, oldest, tp in paused))
         st = self.stats
-        return Sample(tuple(samples), self._unacked(), st.consumed, st.scored, st.dead_lettered)
+        return Sample(tuple(samples), self._unacked(), st.consumed, st.scored, st.dead_lettered, self._waiting(paused, committed))
+
+    def _waiting(self, paused: set[TopicPartition], committed: dict[TopicPartition, int | None]) -> int:
+        """Records that wait to be written: in flight, plus those the latest fetch of each read
+        (assigned, not paused) partition saw beyond the last record read of it (or, before the
+        first, beyond its committed offset)."""
+        consumer = self._consumer
+        assert consumer is not None
+        n = self._unacked()
+        for tp in consumer.assignment() - paused:
+            high = consumer.highwater(tp)
+            part = self._parts.get(tp)
+            last = part.offsets.last_tracked if part is not None else None
+            start = last + 1 if last is not None else committed.get(tp)
+            if high is not None and start is not None:
+                n += max(0, high - start)
+        return n
 
     # -- rebalance ----------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ def create_telemetry(
     )
     return StreamTelemetry(
         providers,
-        Health(settings.liveness_timeout_s),
+        Health(settings.liveness_timeout_s, rebalance_limit=settings.liveness_rebalances),
         group_id=settings.group_id,
         token_budget=settings.token_budget,
         status_interval_s=settings.status_interval_s,

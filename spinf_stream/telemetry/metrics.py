@@ -105,6 +105,11 @@ METRICS: tuple[MetricSpec, ...] = (
         (TOPIC, ERROR_TYPE),
     ),
     MetricSpec(
+        "spinf.records.skipped", "counter", "{record}",
+        "How many written records did the broker refuse for their size even so (reported with topic, partition "
+        "and offset, then skipped: nothing else can be done with them)?",
+    ),
+    MetricSpec(
         "spinf.questions.answered", "counter", "{question}",
         "How many questions has the engine answered? (rate: questions per second, the engine's real output)",
     ),
@@ -184,6 +189,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "spinf.rebalances", "counter", "{rebalance}",
         "How often did the group take partitions away from this member (rebalances)?",
+    ),
+    MetricSpec(
+        "spinf.progress.stalled", "gauge", "s",
+        "How long have records waited with none written (0 while records are written or none wait)? /healthz "
+        "fails past --liveness-timeout-s.",
     ),
     # -- the process --
     MetricSpec(

@@ -66,6 +66,9 @@ class Sample:
     consumed: int = 0
     scored: int = 0
     dead_lettered: int = 0
+    #: records that wait to be written: in flight, plus those the broker holds beyond the last
+    #: read of each partition being read (what liveness' "none written" check watches)
+    waiting: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,7 @@ class StreamTelemetry:
             "spinf.partitions.assigned": self._observe_assigned,
             "spinf.consumer.lag": self._observe_lag,
             "spinf.consumer.time_lag": self._observe_time_lag,
+            "spinf.progress.stalled": self._observe_stalled,
         }
         out: dict[str, Any] = {}
         for spec in m.METRICS:
@@ -307,6 +311,7 @@ class StreamTelemetry:
         i["messaging.process.duration"].record(time.monotonic() - read_at, attrs)
         if timestamp_ms is not None and timestamp_ms >= 0:
             i["spinf.end_to_end.latency"].record(max(0.0, self._clock() - timestamp_ms / 1000), {m.TOPIC: topic})
+        self.health.progress()
         if span is not None:
             span.end()
         if batch is not None and batch.produce_span is not None:
@@ -329,6 +334,15 @@ class StreamTelemetry:
 
     def rebalanced(self) -> None:
         self._i["spinf.rebalances"].add(1)
+        self.health.rebalanced()
+
+    def skipped(self, topic: str, partition: int, offset: int, out_topic: str, exc: BaseException) -> None:
+        """The broker refused the record written for ``topic[partition]@offset`` for its size:
+        counted, logged, and the input record is treated as done."""
+        self._i["spinf.records.skipped"].add(1)
+        self.health.progress()
+        log.error("skipped %s[%d]@%d: its record for %s was refused for its size (%s)",
+                  topic, partition, offset, out_topic, type(exc).__name__)
 
     def assigned(self, n_partitions: int) -> None:
         self.health.assigned(n_partitions)
@@ -342,6 +356,8 @@ class StreamTelemetry:
         """Take the service's latest state (the gauges read it at collection time) and write the
         status line when one is due."""
         self._sample = sample  # one assignment: the exporter's threads see old or new, never half
+        self.health.waiting(sample.waiting)
+        self.health.liveness()  # logs a WARNING when a liveness check starts failing
         if self.status_interval_s <= 0:
             return
         now = time.monotonic()
@@ -369,6 +385,9 @@ class StreamTelemetry:
             fields["time_lag_s"], fields["records_per_s"], fields["questions_per_s"],
             extra=fields,
         )
+
+    def _observe_stalled(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(self.health.stalled_s())
 
     def _observe_inflight(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._sample.inflight)

@@ -1,7 +1,8 @@
 """The operations HTTP endpoint on ``--metrics-port``: ``/metrics``, ``/healthz``, ``/readyz``.
 
 A small threaded WSGI server (the standard library's ``wsgiref``, as ``prometheus_client`` itself
-uses) running beside the event loop, not on it: a wedged loop can then still be reported by
+uses; a listen backlog of :data:`LISTEN_BACKLOG`, at most :data:`MAX_CONNECTIONS` served at once,
+slow clients cut after :data:`CONNECTION_TIMEOUT_S`) running beside the event loop, not on it: a wedged loop can then still be reported by
 ``/healthz``. ``/metrics`` is ``prometheus_client``'s own WSGI app over the registry the
 OpenTelemetry Prometheus reader fills; the probes answer ``200`` or ``503`` with a small JSON body
 (``{"ok": ..., "reasons": [...]}``).
@@ -24,11 +25,42 @@ from spinf_stream.telemetry.health import Check, Health
 log = logging.getLogger(__name__)
 
 
+#: Connections the kernel queues before the endpoint accepts them (the standard library's 5 made
+#: a burst of 1,000 connections time out by the hundreds).
+LISTEN_BACKLOG = 1024
+#: Connections served at once (one thread each); more wait in the listen queue. High enough that
+#: a thousand slow clients (slowloris) do not keep a probe waiting; each is cut after the timeout.
+MAX_CONNECTIONS = 1024
+#: Seconds a connection may take to send its request or read the answer (slow clients are cut).
+CONNECTION_TIMEOUT_S = 10.0
+
+
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a slow scraper never blocks shutdown
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # at the cap, the accept loop waits: new connections queue in the kernel
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # one line per scrape would drown the service's own logs
 
