@@ -128,6 +128,41 @@ def test_a_value_over_max_message_bytes_is_too_long_unread(topics):
     assert str(limit) in body["error"]["message"] and body["id"] is None  # not parsed
 
 
+def test_a_score_record_over_the_size_limit_is_dead_lettered_record_too_large(topics):
+    t = topics(1)
+    long_id = "i" * 6000  # its score record repeats it: over a 4,096-byte limit
+    produce(t, _values_around(json_line({"id": long_id, "text": "a fine text"})))
+    _, body = check_kind(t, run_settings(t, max_request_size=4096), FakeScorer(), 2, "record_too_large")
+    assert "4096" in body["error"]["message"]
+    assert {c["part"] for c in body["cut"]} == {"value"}  # the dead letter itself was cut to fit
+
+
+def test_a_record_refused_for_its_size_is_skipped_counted_and_committed_past(topics, caplog):
+    t = topics(1)
+    produce(t, _values_around(b"x" * 50_000))  # bad JSON: a 67 kB dead letter when kept whole
+    settings = run_settings(t, max_request_size=8192)
+
+    async def go() -> ScoringService:
+        svc = ScoringService(settings, FakeScorer(), make_message=fake_message)
+
+        async def believed_limit() -> int:  # a limit the producer does not share (e.g. a stale topic config)
+            return 10**7
+
+        svc._record_limit = believed_limit  # type: ignore[method-assign]
+        async with RunningService(svc) as s:
+            await wait_for(lambda: s.stats.acked + s.stats.skipped >= 5, 60)
+            await asyncio.sleep(0.3)
+        return svc
+
+    with caplog.at_level("ERROR"):
+        svc = asyncio.run(go())
+    assert svc.stats.skipped == 1 and svc.stats.acked == 4
+    assert [source_of(r)[2] for r in read_all(t, [t.output], n=4)] == [0, 1, 3, 4]
+    assert not read_all(t, [t.dlq], idle_s=1.0)
+    assert any(f"{t.input}[0]@2" in r.getMessage() and "refused for its size" in r.getMessage() for r in caplog.records)
+    assert committed_offsets(t, settings.group_id) == {0: 5}
+
+
 @pytest.mark.parametrize("policy", ["truncate", "reject"])
 def test_a_5mb_text_does_not_hold_the_poll_loop(topics, tiny_engine, policy):
     t = topics(1)
@@ -239,6 +274,7 @@ def _assigned_count(log) -> int:
     return log.read_text(errors="replace").count("assigned partitions:")
 
 
+@pytest.mark.real_model
 def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, tmp_path):
     # smollm2-135m, real weights: with a tiny model no pass is long enough to be caught mid-way,
     # and the abort (exit 134, "terminate called without an active exception") came from there
