@@ -279,7 +279,7 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     # smollm2-135m, real weights: with a tiny model no pass is long enough to be caught mid-way,
     # and the abort (exit 134, "terminate called without an active exception") came from there
     t = topics(1)
-    messages = [{"id": f"m{i}", "text": f"message {i} about a prize you have won " * 8} for i in range(120)]
+    messages = [{"id": f"m{i}", "text": f"message {i} about a prize you have won " * 8} for i in range(60)]
     produce(t, [json_line(m) for m in messages])
     settings = run_settings(t, model="smollm2-135m", pack="spam", max_batch_messages=32, window_ms=0,
                             commit_interval_ms=100, metrics_port=0)
@@ -302,7 +302,7 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     proc = start([])
     try:
         wait_assigned(proc, 1)
-        time.sleep(3.0)
+        time.sleep(1.5)  # inside the first batch's passes
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
@@ -316,7 +316,7 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     assert rc == 130, f"exit {rc}\n{text[-3000:]}"
     # GNU timeout signals the scorer, then its process group: two signals that the kernel may
     # merge into one (a pending signal is not queued twice): a drain and 0, or 130; never an abort
-    proc = start(["timeout", "--preserve-status", "15"])
+    proc = start(["timeout", "--preserve-status", "12"])
     rc = proc.wait(timeout=120)
     text = log.read_text(errors="replace")
     assert rc in (0, 130), f"timeout: exit {rc}\n{text[-3000:]}"
