@@ -12,8 +12,8 @@ import base64
 import hashlib
 import signal
 import socket
+import struct
 import subprocess
-import sys
 import time
 import urllib.request
 from typing import Any
@@ -339,23 +339,26 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
 
 
 def _partition_records(data: bytes, fetch_offset: int = 0):
-    from aiokafka.consumer.fetcher import MemoryRecords, PartitionRecords
+    """The records aiokafka's fetcher hands out of fetched bytes ``data``, with the guard installed."""
+    from aiokafka.consumer import fetcher
     from aiokafka.structs import TopicPartition
 
     from spinf_stream.stream import fetch_guard
 
-    fetch_guard.install()
-    from aiokafka.consumer import fetcher
-
+    fetch_guard.install()  # replaces fetcher.MemoryRecords: look it up after this
     records = fetcher.MemoryRecords(data)
-    assert MemoryRecords is not None
-    return list(PartitionRecords(TopicPartition("t", 0), records, [], fetch_offset, None, None, True, 0))
+    return list(fetcher.PartitionRecords(TopicPartition("t", 0), records, [], fetch_offset, None, None, True, 0))
 
 
 def _rebase(batch: bytes, base: int) -> bytes:
-    import struct
-
     return struct.pack(">q", base) + batch[8:]
+
+
+def _fix_crc(batch: bytearray) -> None:
+    """Write the right CRC (crc32c of attributes .. end) into ``batch`` after editing it."""
+    from aiokafka.record.util import calc_crc32c
+
+    struct.pack_into(">I", batch, 17, calc_crc32c(bytes(batch[21:])))
 
 
 @pytest.mark.parametrize("bad", ["crc", "codec", "header_key", "truncated_record"])
@@ -367,19 +370,11 @@ def test_the_guard_hands_out_every_offset_of_a_bad_batch_and_moves_past_it(bad):
             (None, b'{"text":"d"}', [])]
     middle = bytearray(raw_batch(recs, crc=1 if bad == "crc" else None))
     if bad == "codec":  # attributes: compression codec 7 (none such), CRC made right again
-        import struct
-
-        from aiokafka.record.util import calc_crc32c
-
         middle[22] = 0x07
-        struct.pack_into(">I", middle, 17, calc_crc32c(bytes(middle[21:])))
+        _fix_crc(middle)
     if bad == "truncated_record":  # a record's length runs past the batch, CRC right
-        import struct
-
-        from aiokafka.record.util import calc_crc32c
-
         middle[61] = 0x7E  # first record's length varint: 63
-        struct.pack_into(">I", middle, 17, calc_crc32c(bytes(middle[21:])))
+        _fix_crc(middle)
     good2 = raw_batch([(None, b'{"text":"e"}', [])])
     data = _rebase(good1, 0) + _rebase(bytes(middle), 1) + _rebase(good2, 4)
     out = _partition_records(data)
