@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bits_check: no data at {DATA} (SPINF_DATA_DIR=/path/to/data)")
 
     from spinf_stream.engine import Engine
-    from spinf_stream.evaluation import sub_pack
+    from spinf_stream.cli.evaluation import sub_pack
     from spinf_stream.models import load_decoder
     from spinf_stream.models.weights import resolve
     from spinf_stream.packs import load_pack

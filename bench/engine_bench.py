@@ -59,10 +59,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from spinf_stream.engine import Engine, Message  # noqa: E402
-from spinf_stream.layout import plan_passes  # noqa: E402
-from spinf_stream.segment import PreparedMessage  # noqa: E402
+from spinf_stream.engine.layout import plan_passes  # noqa: E402
+from spinf_stream.engine.segment import PreparedMessage  # noqa: E402
 from spinf_stream.packs import ExpandedQuestion, Pack, QuestionSpec, load_pack  # noqa: E402
-from spinf_stream.records import ErrorRecord  # noqa: E402
+from spinf_stream.engine.results import ErrorRecord  # noqa: E402
 
 DATA = Path(os.environ.get("SPINF_DATA_DIR", REPO.parent / "shared" / "data")) / "bbc_news" / "dev.jsonl"
 DEFAULT_PACK = REPO / "bench" / "packs" / "bbc56.yaml"

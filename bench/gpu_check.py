@@ -48,12 +48,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from spinf_stream.runner import score_passes  # noqa: E402
-from spinf_stream.layout import plan_passes  # noqa: E402
+from spinf_stream.engine.runner import score_passes  # noqa: E402
+from spinf_stream.engine.layout import plan_passes  # noqa: E402
 from spinf_stream.models import build_decoder, spec_for  # noqa: E402
 from spinf_stream.models.backend import make_backend  # noqa: E402
 from spinf_stream.models.decoder import Decoder  # noqa: E402
-from spinf_stream.segment import Branch, PreparedMessage  # noqa: E402
+from spinf_stream.engine.segment import Branch, PreparedMessage  # noqa: E402
 
 YES, NO = 5, 6  # the two choices' token ids
 

@@ -222,7 +222,7 @@ def softmax(logprobs: dict[str, float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        import spinf_stream.engine  # noqa: F401
+        import spinf_stream.engine.scoring  # noqa: F401
 
         default_oracle = "engine"
     except Exception:

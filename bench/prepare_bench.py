@@ -7,7 +7,7 @@ tokenized whole.
 Prints milliseconds per message (best of ``--reps`` passes over the messages; each pass after a
 first warm-up pass, so the per-pack caches of question tails are warm, as in the service). Both
 ways give the same tokens (tests/test_segment.py); the whole-prompt way is what a tokenizer
-without seams (``spinf_stream.seams``) costs.
+without seams (``spinf_stream.engine.seams``) costs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import orjson
 
 from spinf_stream.packs import load_pack
-from spinf_stream.segment import Segmenter
-from spinf_stream.tokenizer import PromptTokenizer
+from spinf_stream.engine.segment import Segmenter
+from spinf_stream.engine.tokenizer import PromptTokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CASES = [("spam", "sms_spam", 200), (str(Path(__file__).parent / "packs" / "bbc56.yaml"), "bbc_news", 20)]

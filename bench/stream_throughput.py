@@ -9,7 +9,7 @@ Same engine object, same messages, same pack and token budget, and the same thre
 engine call (the service's :class:`~spinf_stream.stream.engine_thread.EngineThread`: loading,
 warm-up, offline and stream passes; one OpenMP team, sized by the service's own rule):
 
-1. offline: ``spinf_stream.offline.score_file`` (what ``spinf-stream score`` runs) on the messages
+1. offline: ``spinf_stream.cli.offline.score_file`` (what ``spinf-stream score`` runs) on the messages
    as a JSON-lines file, timed before and again after the stream runs, both reported;
 2. stream at full backlog: the messages are published to an embedded Tansu broker first (not
    timed), then the service consumes, batches, scores, writes and commits; timed from its first
@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 from spinf_stream.config import DEFAULT_MODEL, RunSettings  # noqa: E402
 from spinf_stream.device import usable_cpus  # noqa: E402
 from spinf_stream.engine import Engine, Message  # noqa: E402
-from spinf_stream.offline import score_file  # noqa: E402
+from spinf_stream.cli.offline import score_file  # noqa: E402
 from spinf_stream.stream.app import prepare_engine_thread  # noqa: E402
 from spinf_stream.stream.broker import EmbeddedBroker  # noqa: E402
 from spinf_stream.stream.consume import read_topics  # noqa: E402

@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 DEFAULT_PACK = "spam"
-DEFAULT_TOKEN_BUDGET = 16_384
 
 #: ``--device``/``--dtype`` (checked against the machine by ``spinf_stream.device.choose``)
 DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:[0-9]+)$"

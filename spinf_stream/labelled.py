@@ -17,7 +17,7 @@ import orjson
 
 from .messages import Message
 from .packs import ExpandedQuestion
-from .records import ErrorRecord
+from spinf_stream.engine.results import ErrorRecord
 
 #: errors listed in one LabelledInputError before "... and N more"
 _MAX_LISTED = 10
@@ -61,7 +61,7 @@ def read_labelled(path: str | Path, questions: Sequence[ExpandedQuestion]) -> La
             an object of strings, or a label naming an unknown question or choice.
         OSError: the file cannot be read.
     """
-    from .offline import parse_line
+    from spinf_stream.cli.offline import parse_line
 
     by_id = {q.id: q for q in questions}
     rows: list[LabelledRow] = []

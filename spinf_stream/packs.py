@@ -32,7 +32,7 @@ substituted literally: braces inside a message's field or a var's value are just
 inside a message's fields is: ``plain`` (default) tokenizes it as ordinary text, so a message
 cannot forge control tokens; ``parse`` gives it the tokenizer's default meaning (control tokens).
 Special tokens written in the pack itself are control tokens either way
-(:mod:`spinf_stream.tokenizer`).
+(:mod:`spinf_stream.engine.tokenizer`).
 
 Every scalar in the file is read as a string (YAML's ``yes``/``no``/``on``/``off``/``1.0`` stay the
 text written), because every value in the schema is a string or a list/mapping of strings.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import ECE_BINS, expected_calibration_error
+from spinf_stream.quality import ECE_BINS, expected_calibration_error
 
 
 def _safe(name: str) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .records import record_schemas
+from spinf_stream.engine.results import record_schemas
 from .stream.records import stream_schemas
 
 

@@ -33,7 +33,7 @@ import orjson
 import pytest
 
 from spinf_stream.config import RunSettings
-from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
 from spinf_stream.stream.broker import EmbeddedBroker
 from spinf_stream.stream.consume import read_topics
 from spinf_stream.stream.produce import produce_values

@@ -1,7 +1,7 @@
 """Stand-ins for the engine in command-line tests, and a ``spinf-stream`` that uses them.
 
 ``python tests/fakes.py ARGS...`` runs ``spinf_stream.cli.main(ARGS)`` with the module
-``spinf_stream.engine`` replaced (so torch is imported only where the command itself imports it)
+``spinf_stream.engine.scoring`` replaced (so torch is imported only where the command itself imports it)
 by one whose ``Engine.load`` does what the ``FAKE_ENGINE`` environment variable says:
 
 - ``trap`` (the default): loading a model writes ``MODEL LOADED`` to stderr and exits 99, so a
@@ -72,9 +72,9 @@ class _Engine:
 
 def main() -> None:
     started = time.monotonic()
-    fake = types.ModuleType("spinf_stream.engine")
+    fake = types.ModuleType("spinf_stream.engine.scoring")
     fake.Engine, fake.Message = _Engine, _Message  # type: ignore[attr-defined]
-    sys.modules["spinf_stream.engine"] = fake
+    sys.modules["spinf_stream.engine.scoring"] = fake
     from spinf_stream.cli import main as cli_main
 
     try:

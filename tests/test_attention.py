@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spinf_stream.layout import Work, build_pass
+from spinf_stream.engine.layout import Work, build_pass
 from spinf_stream.models import blocks
 from spinf_stream.models.attention import TorchAttention
-from spinf_stream.segment import Branch, PreparedMessage
+from spinf_stream.engine.segment import Branch, PreparedMessage
 
 #: name -> (query heads, KV heads, head dim, sliding window or None)
 SHAPES = {

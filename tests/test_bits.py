@@ -19,11 +19,11 @@ import torch
 from conftest import REPO, dataset
 
 from spinf_stream.engine import Engine, Message
-from spinf_stream.layout import Work, build_pass
+from spinf_stream.engine.layout import Work, build_pass
 from spinf_stream.models import blocks, build_decoder, numerics, spec_for
 from spinf_stream.models.backend import HEAD_COLUMNS, ROW_CHUNK, TorchBackend
 from spinf_stream.packs import load_pack
-from spinf_stream.segment import Branch, PreparedMessage
+from spinf_stream.engine.segment import Branch, PreparedMessage
 
 # --------------------------------------------------------------------------- real shapes, random weights
 
@@ -283,7 +283,7 @@ def _long_and_short() -> list[Message]:
 
 
 def _ten_questions():
-    from spinf_stream.evaluation import sub_pack
+    from spinf_stream.cli.evaluation import sub_pack
 
     pack = load_pack("moderation")
     return sub_pack(pack, [q.id for q in pack.expand()[:10]])

@@ -9,9 +9,9 @@ import pytest
 from pydantic_settings import CliApp
 
 from spinf_stream.engine import Engine
-from spinf_stream.offline import ScoreCommand
+from spinf_stream.cli.offline import ScoreCommand
 from spinf_stream.stream.app import load_engine
-from spinf_stream.stream.commands import DevCommand, RunCommand
+from spinf_stream.cli.stream_commands import DevCommand, RunCommand
 
 
 @pytest.fixture

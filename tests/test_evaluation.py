@@ -17,8 +17,8 @@ from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
 
 from spinf_stream import calibration as cal
 from spinf_stream.engine import Engine, Message
-from spinf_stream.evaluation import sub_pack
-from spinf_stream.metrics import expected_calibration_error
+from spinf_stream.cli.evaluation import sub_pack
+from spinf_stream.quality import expected_calibration_error
 from spinf_stream.packs import load_pack
 
 METRICS = {"accuracy", "macro_f1", "auc", "log_loss", "brier", "ece"}
@@ -242,7 +242,7 @@ def test_scores_with_a_calibration_carry_calibrated_probabilities_and_answers(pa
 
 
 def test_calibrated_records_validate_against_the_schemas(pack_file, calibrated, model_dir, labelled, tmp_path):
-    from spinf_stream.records import ScoreRecord
+    from spinf_stream.engine.results import ScoreRecord
     from spinf_stream.stream.records import Source, StreamScoreRecord
 
     path, _, _ = calibrated

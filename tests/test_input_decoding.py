@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from spinf_stream.messages import Decoded as LineDecoded
-from spinf_stream.offline import parse_line, score_file
+from spinf_stream.cli.offline import parse_line, score_file
 from spinf_stream.stream.codec import Decoded, Rejection, decode_value
 from broker import FakeScorer, RunningService, fake_message, produce, read_all, run_settings, tansu, topics, wait_for  # noqa: F401
 from fakes import SlowEngine

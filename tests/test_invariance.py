@@ -14,7 +14,7 @@ from conftest import REPO, dataset
 from spinf_stream import calibration as cal
 from spinf_stream.engine import Engine, Message
 from spinf_stream.packs import load_pack
-from spinf_stream.records import digest
+from spinf_stream.engine.results import digest
 
 
 def _messages(data: str, n: int) -> list[Message]:

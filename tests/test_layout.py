@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spinf_stream.layout import plan_passes
-from spinf_stream.segment import LayoutError, Segmenter, _build_branch
+from spinf_stream.engine.layout import plan_passes
+from spinf_stream.engine.segment import LayoutError, Segmenter, _build_branch
 from spinf_stream.packs import load_pack
 
 TRICKY = [
@@ -149,7 +149,7 @@ def test_passes_respect_budget_and_order(tokenizer):
 
 
 def _toy_message(index: int, content: int, widths: list[int]):
-    from spinf_stream.segment import Branch, PreparedMessage
+    from spinf_stream.engine.segment import Branch, PreparedMessage
 
     branches = tuple(
         Branch(q, tuple(range(w)), tuple(range(-1, w - 1)), tuple(range(w)), (w - 1,), (((0, 1),), ((0, 2),)))
@@ -184,8 +184,8 @@ def test_the_pass_segments_give_every_row_exactly_its_ancestors():
     walked from the messages' own structure."""
     from kernels import TreeMask
 
-    from spinf_stream.layout import Work, build_pass
-    from spinf_stream.segment import Branch, PreparedMessage
+    from spinf_stream.engine.layout import Work, build_pass
+    from spinf_stream.engine.segment import Branch, PreparedMessage
 
     trie = Branch(0, (7, 8, 9, 10, 11), (-1, 0, 1, 2, 2), (0, 1, 2, 3, 3), (2, 3, 4), ())
     a = PreparedMessage(0, "a", (1, 2, 3), True, 4, (trie, _toy_message(9, 1, [2]).branches[0]))

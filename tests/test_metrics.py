@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, brier_score_loss, f1_score, log_loss, roc_auc_score
 
-from spinf_stream.metrics import auc, baseline, brier, expected_calibration_error, question_metrics
+from spinf_stream.quality import auc, baseline, brier, expected_calibration_error, question_metrics
 
 # binary question: choices (yes, no); y = index of the right choice
 Y2 = np.array([0, 0, 0, 1, 1, 1, 1, 0])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spinf_stream.engine import Engine, Message
-from spinf_stream.records import ScoreRecord
+from spinf_stream.engine.results import ScoreRecord
 
 MESSAGE = Message("m1", {"text": "WIN a prize, call now"})
 
@@ -64,7 +64,7 @@ def test_the_record_names_the_kernels_that_ran(model_dir, loaded, monkeypatch):
 def test_the_model_block_is_outside_the_digest(model_dir, loaded):
     """Same scores, another model block: the digest (over the scores only) does not change."""
     from spinf_stream.packs import load_pack
-    from spinf_stream.records import digest
+    from spinf_stream.engine.results import digest
 
     decoder, tok = loaded(model_dir)
     rec = Engine(decoder, tok, load_pack("spam"), "tiny").score([MESSAGE])[0]

@@ -12,7 +12,7 @@ from conftest import REPO
 
 from spinf_stream.engine import Engine, Message
 from spinf_stream.messages import Decoded
-from spinf_stream.offline import parse_line
+from spinf_stream.cli.offline import parse_line
 from spinf_stream.packs import load_pack
 
 BAD_LINES = [

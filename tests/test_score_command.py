@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from spinf_stream.offline import score_file
+from spinf_stream.cli.offline import score_file
 from fakes import FAKES, SlowEngine
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Seams: where each real tokenizer's output provably splits (spinf_stream/seams.py), checked
+"""Seams: where each real tokenizer's output provably splits (spinf_stream/engine/seams.py), checked
 against the tokenizer itself on whole strings."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from spinf_stream.seams import find_seams
+from spinf_stream.engine.seams import find_seams
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma-3-270m"]
 

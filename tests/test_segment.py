@@ -17,8 +17,8 @@ import pytest
 from oracle import prompt_pieces, prompt_tokens
 
 from spinf_stream.packs import load_pack, parse_pack
-from spinf_stream.segment import LayoutError, Segmenter
-from spinf_stream.tokenizer import PromptTokenizer
+from spinf_stream.engine.segment import LayoutError, Segmenter
+from spinf_stream.engine.tokenizer import PromptTokenizer
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma-3-270m"]
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic_settings import CliApp
 
 from spinf_stream.stream.broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
-from spinf_stream.stream.commands import ConsumeCommand, ProduceCommand
+from spinf_stream.cli.stream_commands import ConsumeCommand, ProduceCommand
 from broker import CLI, REPO, read_all, tansu, tiny_model, topics  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.broker

@@ -9,7 +9,7 @@ import struct
 import orjson
 import pytest
 
-from spinf_stream.records import ModelRef, NumericsRef
+from spinf_stream.engine.results import ModelRef, NumericsRef
 from spinf_stream.stream.codec import Decoded, Rejection, check_pack_header, decode_value
 from spinf_stream.stream.consume import format_record
 from spinf_stream.stream.dlq import dead_letter, dead_letter_bytes, output_headers, record_size

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from spinf_stream.config import KafkaSettings, RunSettings
-from spinf_stream.stream.commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
+from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
 
 REPO = Path(__file__).resolve().parents[1]
 

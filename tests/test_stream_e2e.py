@@ -55,7 +55,7 @@ def offline_scores(engine: Any, messages: list[dict[str, Any]]) -> dict[str, dic
     """``{id: record}`` from the offline ``spinf-stream score`` path (``offline.score_file``)."""
     import tempfile
 
-    from spinf_stream.offline import score_file
+    from spinf_stream.cli.offline import score_file
 
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "in.jsonl", Path(d) / "out.jsonl"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spinf_stream.records import ErrorInfo, ErrorRecord
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord
 from spinf_stream.stream.scorer import prepare_messages
 
 

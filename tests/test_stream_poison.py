@@ -404,7 +404,7 @@ def test_text_without_visible_content_is_empty_field_in_score_and_the_service(ti
     import unicodedata
 
     from spinf_stream.engine import Message
-    from spinf_stream.offline import score_file
+    from spinf_stream.cli.offline import score_file
 
     for name, text in INVISIBLE.items():  # the definition: every character in Zs, Cf, Mn or Cc after NFC
         assert all(unicodedata.category(c) in {"Zs", "Cf", "Mn", "Cc"} for c in unicodedata.normalize("NFC", text))

@@ -19,7 +19,7 @@ from pydantic_settings import CliApp
 
 from spinf_stream.cli import SpinfStream
 from spinf_stream.stream.broker import free_port
-from spinf_stream.usage import options, subcommands
+from spinf_stream.cli.usage import options, subcommands
 from broker import tansu, topics  # noqa: F401  (fixtures)
 from fakes import FAKES, TRAP_EXIT
 
@@ -207,7 +207,7 @@ def test_produce_to_a_missing_topic_names_it(topics, files):
 def _help(command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
     from pydantic_settings import CliSettingsSource
 
-    from spinf_stream.usage import argument_adder
+    from spinf_stream.cli.usage import argument_adder
 
     monkeypatch.setenv("COLUMNS", "10000")  # no wrapping: argparse breaks lines at hyphens
 

@@ -1,5 +1,5 @@
 """Attention over a packed pass, on the CPU with torch (the CUDA/Triton path is
-:mod:`kernels.tree_attention`; both read the plan that :func:`spinf_stream.layout.build_pass`
+:mod:`kernels.tree_attention`; both read the plan that :func:`spinf_stream.engine.layout.build_pass`
 makes).
 
 Every query attends to exactly its ancestors (DESIGN.md "Mask"): a content token to its
@@ -15,7 +15,7 @@ the message alone or a fixed constant, never of the pass:
   multiple of :data:`KEY_MULTIPLE`, masked);
 - branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded by repeating its first row),
   against ``[preamble | content]``, and each row against the slots of its own branch
-  (``W`` = the message's longest branch rounded up to :data:`~spinf_stream.layout.SLOT_MULTIPLE`),
+  (``W`` = the message's longest branch rounded up to :data:`~spinf_stream.engine.layout.SLOT_MULTIPLE`),
   one softmax over both parts. Which branches share a chunk depends on the pass; a row's bits do
   not, by the BLAS property the bits probe checks (:mod:`spinf_stream.models.numerics`): a GEMM
   row's bits do not depend on the other rows of a fixed-shape GEMM nor on the row's place.
@@ -30,7 +30,7 @@ from typing import Protocol, TypeVar
 import torch
 import torch.nn.functional as F
 
-from ..layout import MessagePlan, PassLayout
+from spinf_stream.engine.layout import MessagePlan, PassLayout
 from .blocks import Scratch
 
 #: Content queries attended together, aligned to the message's first content token: smaller

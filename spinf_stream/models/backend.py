@@ -28,7 +28,7 @@ from typing import ClassVar, Protocol, TypeVar
 import torch
 import torch.nn.functional as F
 
-from ..layout import PassLayout
+from spinf_stream.engine.layout import PassLayout
 from . import blocks
 from .attention import KV, TorchAttention
 from .workers import ComputePool

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layout import PassLayout
+from spinf_stream.engine.layout import PassLayout
 from . import blocks
 from .attention import KV
 from .backend import Backend, QuantizedWeight, TorchBackend

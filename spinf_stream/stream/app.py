@@ -18,7 +18,7 @@ from typing import Any
 
 from spinf_stream.config import RunSettings, ScoringSettings
 from spinf_stream.stream.engine_thread import EngineThread
-from spinf_stream.stream.preflight import check_run_topics, run_check
+from spinf_stream.stream.topic_checks import check_run_topics, run_check
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.telemetry import StreamTelemetry, create_telemetry
 from spinf_stream.telemetry.logs import LogFormat
@@ -91,7 +91,7 @@ def check_scoring(settings: ScoringSettings, *, model: bool = True) -> None:
     broker checks). Raises ``UsageError``, ``PackError``, ``CalibrationError``,
     ``ModelNotInstalled`` or ``ModelLoadError``."""
     from spinf_stream.device import choose
-    from spinf_stream.preflight import check_calibration, check_model_reference, check_pack
+    from spinf_stream.cli.preflight import check_calibration, check_model_reference, check_pack
 
     pack = check_pack(settings.pack, settings.input_format)
     check_calibration(settings.calibration, pack)

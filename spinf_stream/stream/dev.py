@@ -113,7 +113,7 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
         UsageError, BrokerError (and the pack's and model's errors): a mistake found before the
             weights load (``--until-done`` without ``--input``, an unreadable input, a busy port).
     """
-    from spinf_stream.preflight import check_input_file
+    from spinf_stream.cli.preflight import check_input_file
 
     configure_logging(settings.log_level, settings.log_format)
     if settings.until_done and settings.input is None:

@@ -18,7 +18,7 @@ from typing import Literal
 import orjson
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from spinf_stream.records import ModelRef
+from spinf_stream.engine.results import ModelRef
 from spinf_stream.stream.records import Cut, DeadLetterError, DeadLetterRecord, Header, Source
 
 #: Kafka's default ``max.request.size`` (producer) and about its ``max.message.bytes`` (topic).

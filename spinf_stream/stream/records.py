@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spinf_stream.records import ErrorInfo, ModelRef, ScoreRecord
+from spinf_stream.engine.results import ErrorInfo, ModelRef, ScoreRecord
 
 
 class Source(BaseModel):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from spinf_stream.records import ErrorInfo, ErrorRecord, ModelRef
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef
 from spinf_stream.stream.records import Truncation
 from spinf_stream.telemetry import EngineWork
 

@@ -15,7 +15,7 @@ Report (``--report``), exactly::
                             "raw": {metric: value}, "calibrated": {metric: value} | null,
                             "baseline": {"accuracy": ..., "log_loss": ...}}}}
 
-with the metrics of :func:`spinf_stream.metrics.question_metrics`. ``evaluate`` applies a fixed
+with the metrics of :func:`spinf_stream.quality.question_metrics`. ``evaluate`` applies a fixed
 calibration to every row; ``calibrate`` reports k-fold cross-validated numbers (each row's
 calibrated probabilities come from a map fitted on the other folds), never fit-on-test ones.
 """
@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from . import calibration as cal
-from .config import DEFAULT_TOKEN_BUDGET
-from .labelled import LabelledRow, LabelledSet, read_labelled
-from .messages import Message
-from .metrics import baseline, clean, question_metrics, softmax
-from .packs import ExpandedQuestion, Pack
-from .segment import PreparedMessage
+from spinf_stream import calibration as cal
+from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
+from spinf_stream.labelled import LabelledRow, LabelledSet, read_labelled
+from spinf_stream.messages import Message
+from spinf_stream.quality import baseline, clean, question_metrics, softmax
+from spinf_stream.packs import ExpandedQuestion, Pack
+from spinf_stream.engine.segment import PreparedMessage
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from spinf_stream.engine.scoring import Engine
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ModelHandle:
         self, model: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None,
         *, allow_unstable_bits: bool = False,
     ) -> None:
-        from .models.weights import resolve
+        from spinf_stream.models.weights import resolve
 
         self.ref, self.dtype, self.device, self.kernels = model, dtype, device, kernels
         self.allow_unstable_bits = allow_unstable_bits
@@ -160,8 +160,8 @@ class ModelHandle:
 
         import torch
 
-        from .models import numerics
-        from .models.backend import choose
+        from spinf_stream.models import numerics
+        from spinf_stream.models.backend import choose
 
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(self.name).name)
         dev = torch.device(self.device)
@@ -172,12 +172,12 @@ class ModelHandle:
 
     def engine(self, pack: Pack, token_budget: int) -> Engine:
         """An engine for ``pack`` without calibration (raw numbers), sharing the loaded weights."""
-        from .engine import DTYPE_NAMES, Engine
+        from spinf_stream.engine.scoring import DTYPE_NAMES, Engine
 
         if self._loaded is None:
             from transformers import AutoTokenizer
 
-            from .models import load_decoder
+            from spinf_stream.models import load_decoder
 
             by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
             dtype = self.dtype if self.dtype == "fp8" else by_name[self.dtype]

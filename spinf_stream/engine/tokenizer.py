@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-from .seams import Seams, find_seams
+from spinf_stream.engine.seams import Seams, find_seams
 
 __all__ = ["SPECIAL_TOKENS_IN_FIELDS", "Prompt", "PromptTokenizer", "SpecialTokensInFields"]
 
@@ -70,7 +70,7 @@ class PromptTokenizer:
     Attributes:
         prefix_ids: the tokens ``add_special_tokens=True`` puts before the text (e.g. ``<bos>``).
         special_ids: ids of the tokenizer's special (control) tokens.
-        seams: where its output provably splits (:mod:`spinf_stream.seams`), or None.
+        seams: where its output provably splits (:mod:`spinf_stream.engine.seams`), or None.
 
     Raises:
         ValueError: an unknown ``special_tokens_in_fields``, or a tokenizer that adds tokens after

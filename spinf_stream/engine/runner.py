@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import Work, build_pass, plan_passes
-from .models.decoder import Decoder, LayerKV
-from .segment import PreparedMessage
+from spinf_stream.engine.layout import Work, build_pass, plan_passes
+from spinf_stream.models.decoder import Decoder, LayerKV
+from spinf_stream.engine.segment import PreparedMessage
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 Tokenization follows the score's definition: the prompt of message *m* and question *q* is
 ``preamble + render(prompt, m) + render(question, q)``, tokenized as ONE string
-(:mod:`spinf_stream.tokenizer` says how special-token text in the message's fields is read). We
+(:mod:`spinf_stream.engine.tokenizer` says how special-token text in the message's fields is read). We
 never tokenize pieces separately and glue them (BPE merges and pre-tokenizer look-ahead cross the
 seams). Instead each question's prompt is tokenized as question 0's tokens up to a *seam* — a place
-where the tokenizer's output provably splits (:mod:`spinf_stream.seams`) and which both prompts
+where the tokenizer's output provably splits (:mod:`spinf_stream.engine.seams`) and which both prompts
 share — followed by the tokens of the rest of its own prompt alone. A question with no such seam
 is tokenized whole. The content is then the tokens every question's prompt starts with.
 
-Planning forward passes from the tokenized messages is :mod:`spinf_stream.layout`'s job.
+Planning forward passes from the tokenized messages is :mod:`spinf_stream.engine.layout`'s job.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .tokenizer import Prompt, PromptTokenizer, SpecialTokensInFields
+from spinf_stream.engine.tokenizer import Prompt, PromptTokenizer, SpecialTokensInFields
 
 if TYPE_CHECKING:  # the pack is only read through its methods; keeps this module free of pydantic
-    from .packs import Pack
+    from spinf_stream.packs import Pack
 
 
 class LayoutError(ValueError):
@@ -141,11 +141,11 @@ class Segmenter:
     """Tokenizes messages for one pack and one tokenizer.
 
     Args:
-        tokenizer: a transformers fast tokenizer, or a :class:`~spinf_stream.tokenizer.PromptTokenizer`
+        tokenizer: a transformers fast tokenizer, or a :class:`~spinf_stream.engine.tokenizer.PromptTokenizer`
             to share its copy of one.
         pack: the validated pack.
         max_positions: the model's context (tokens); longer prompts are rejected.
-        special_tokens_in_fields: ``"plain"`` or ``"parse"`` (:mod:`spinf_stream.tokenizer`);
+        special_tokens_in_fields: ``"plain"`` or ``"parse"`` (:mod:`spinf_stream.engine.tokenizer`);
             ``None`` takes the pack's ``special_tokens_in_fields``.
 
     Raises:
@@ -355,7 +355,7 @@ class Segmenter:
 
 
 class _SeamFinder:
-    """Seams of one message's prompts ``head + q_texts[k]`` (:mod:`spinf_stream.seams`)."""
+    """Seams of one message's prompts ``head + q_texts[k]`` (:mod:`spinf_stream.engine.seams`)."""
 
     def __init__(self, seg: Segmenter, head: str) -> None:
         self.seg = seg

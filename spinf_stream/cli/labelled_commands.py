@@ -1,5 +1,5 @@
 """``spinf-stream evaluate`` and ``spinf-stream calibrate``: the command lines of the pack author's
-loop (the work is in :mod:`spinf_stream.evaluation`). Importing this module is cheap (no torch,
+loop (the work is in :mod:`spinf_stream.cli.evaluation`). Importing this module is cheap (no torch,
 no scikit-learn): the CLI builds its parser from it and checks the pack, the files and the model
 reference before anything slow is loaded.
 """
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
-from . import calibration as cal
-from .config import (
+from spinf_stream import calibration as cal
+from spinf_stream.config import (
     DType,
     allow_unstable_bits_field,
     calibration_field,
@@ -27,10 +27,10 @@ from .config import (
     settings_config,
     token_budget_field,
 )
-from .packs import Pack
+from spinf_stream.packs import Pack
 
 if TYPE_CHECKING:
-    from .evaluation import ModelHandle, QuestionData
+    from spinf_stream.cli.evaluation import ModelHandle, QuestionData
 
 
 class _Common(BaseSettings):
@@ -60,8 +60,8 @@ class _Common(BaseSettings):
     def _preflight(self) -> tuple[Pack, ModelHandle]:
         """Pack, input and model reference checked in milliseconds, then the model resolved."""
         from . import preflight
-        from .device import choose
-        from .evaluation import ModelHandle
+        from spinf_stream.device import choose
+        from spinf_stream.cli.evaluation import ModelHandle
 
         pack = preflight.check_pack(self.pack)
         preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
@@ -71,7 +71,7 @@ class _Common(BaseSettings):
         return pack, ModelHandle(self.model, placement.dtype, placement.device, allow_unstable_bits=self.allow_unstable_bits)
 
     def _score(self, pack: Pack, handle: ModelHandle) -> dict[str, QuestionData]:
-        from .evaluation import LogprobCache, read_rows, report_failed, score_labelled
+        from spinf_stream.cli.evaluation import LogprobCache, read_rows, report_failed, score_labelled
 
         data = read_rows(pack, self.input)
         cache = LogprobCache(self.cache, handle.cache_key())
@@ -90,8 +90,8 @@ class EvaluateCommand(_Common):
     calibration: str = calibration_field()
 
     def cli_cmd(self) -> None:
-        from .evaluation import question_report, report, summary, write_json
-        from .metrics import softmax
+        from spinf_stream.cli.evaluation import question_report, report, summary, write_json
+        from spinf_stream.quality import softmax
 
         pack, handle = self._preflight()
         chosen = cal.resolve(self.calibration, pack, handle.resolved)
@@ -107,7 +107,7 @@ class EvaluateCommand(_Common):
                 calibrated = (p, qmap.answers(p))
             entries[qid] = question_report(d, calibrated)
             if self.plots:
-                from .plots import question_plots
+                from spinf_stream.plots import question_plots
 
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                calibrated[0] if calibrated else None, chosen.id if chosen else "")
@@ -144,8 +144,8 @@ class CalibrateCommand(_Common):
     def cli_cmd(self) -> None:
         import numpy as np
 
-        from .evaluation import content_free_logprobs, question_report, report, summary, write_json
-        from .metrics import softmax
+        from spinf_stream.cli.evaluation import content_free_logprobs, question_report, report, summary, write_json
+        from spinf_stream.quality import softmax
 
         pack, handle = self._preflight()
         questions = self._score(pack, handle)
@@ -180,7 +180,7 @@ class CalibrateCommand(_Common):
                       file=sys.stderr)
             entries[qid] = question_report(d, (v.probabilities, v.answers) if v else None)
             if self.plots:
-                from .plots import question_plots
+                from spinf_stream.plots import question_plots
 
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                v.probabilities if v else None, f"{self.method}, {v.folds if v else 0}-fold CV")

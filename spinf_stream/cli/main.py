@@ -28,11 +28,11 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from .errors import UsageError
-from .labelled_commands import CalibrateCommand, EvaluateCommand
-from .offline import ScoreCommand
-from .stream.commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
-from .usage import argument_adder, explain, one_line, subcommands
+from spinf_stream.errors import UsageError
+from spinf_stream.cli.labelled_commands import CalibrateCommand, EvaluateCommand
+from spinf_stream.cli.offline import ScoreCommand
+from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
+from spinf_stream.cli.usage import argument_adder, explain, one_line, subcommands
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -43,7 +43,7 @@ USAGE_ERRORS = (
     ("spinf_stream.models.weights", "ModelNotInstalled"),
     ("spinf_stream.models.weights", "ModelLoadError"),
     ("spinf_stream.models", "UnsupportedModel"),
-    ("spinf_stream.segment", "LayoutError"),
+    ("spinf_stream.engine.segment", "LayoutError"),
     ("spinf_stream.stream.broker", "BrokerError"),
     ("spinf_stream.calibration", "CalibrationError"),
     ("spinf_stream.labelled", "LabelledInputError"),
@@ -80,7 +80,7 @@ class SpinfStream(BaseSettings):
 
     def cli_cmd(self) -> None:
         if self.version:
-            from .device import describe_runtime
+            from spinf_stream.device import describe_runtime
 
             print("\n".join(describe_runtime()))
             return

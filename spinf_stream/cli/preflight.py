@@ -1,16 +1,16 @@
 """Checks that run before the slow part (loading weights), each in milliseconds: the pack, the model
 reference, the input file, the output file. Each raises a one-line error naming the flag, its
 ``SPINF_*`` variable, the bad value and what to do; the Kafka checks of ``run`` are in
-:mod:`spinf_stream.stream.preflight`.
+:mod:`spinf_stream.stream.topic_checks`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UsageError
-from .messages import InputFormat, text_field
-from .packs import Pack, load_pack
+from spinf_stream.errors import UsageError
+from spinf_stream.messages import InputFormat, text_field
+from spinf_stream.packs import Pack, load_pack
 
 __all__ = ["check_calibration", "check_input_file", "check_model_reference", "check_output_file", "check_pack"]
 
@@ -34,7 +34,7 @@ def check_model_reference(ref: str) -> None:
     Raises:
         spinf_stream.models.weights.ModelNotInstalled, ModelLoadError.
     """
-    from .models.weights import check_reference
+    from spinf_stream.models.weights import check_reference
 
     check_reference(ref)
 
@@ -101,6 +101,6 @@ def check_calibration(ref: str, pack: Pack, flag: str = "--calibration", env: st
     if ref in ("auto", "none"):
         return
     check_input_file(ref, flag, env)
-    from . import calibration
+    from spinf_stream import calibration
 
     calibration.check(calibration.load(ref), calibration.pack_identity(pack), None)

@@ -43,9 +43,9 @@ class ProduceCommand(ProduceSettings):
     """Publish a JSON-lines file (or stdin) to a topic, one record per line."""
 
     def cli_cmd(self) -> None:
-        from spinf_stream.preflight import check_input_file
+        from spinf_stream.cli.preflight import check_input_file
         from spinf_stream.stream.app import configure_logging
-        from spinf_stream.stream.preflight import check_topic, run_check
+        from spinf_stream.stream.topic_checks import check_topic, run_check
         from spinf_stream.stream.produce import lines_of, produce_lines
 
         configure_logging(self.log_level)
@@ -66,7 +66,7 @@ class ConsumeCommand(ConsumeSettings):
     def cli_cmd(self) -> None:
         from spinf_stream.stream.app import configure_logging
         from spinf_stream.stream.consume import format_record, read_topics
-        from spinf_stream.stream.preflight import check_topic, run_check
+        from spinf_stream.stream.topic_checks import check_topic, run_check
 
         configure_logging(self.log_level)
         run_check(check_topic(self, self.topic))

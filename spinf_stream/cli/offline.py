@@ -28,7 +28,7 @@ import orjson
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from .config import (
+from spinf_stream.config import (
     LOG_LEVEL_HELP,
     DType,
     LogLevel,
@@ -42,11 +42,11 @@ from .config import (
     settings_config,
     token_budget_field,
 )
-from .messages import Decoded, InputFormat, Rejection, decode
-from .records import ErrorInfo, ErrorRecord
+from spinf_stream.messages import Decoded, InputFormat, Rejection, decode
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from spinf_stream.engine.scoring import Engine
 
 log = logging.getLogger("spinf_stream.score")
 
@@ -210,7 +210,7 @@ def _score_chunk(
     """Score one chunk of parsed lines: each line's record is written in input order as soon as it
     exists (error records at once, score records as their pass finishes). ``after_pass()`` runs
     after each pass; when it returns true no further pass starts. Returns whether it stopped."""
-    from .engine import Message
+    from spinf_stream.engine.scoring import Message
 
     todo = [Message(id=p.id, fields=p.fields) for p in parsed if isinstance(p, Decoded)]
     prepared = iter(engine.prepare(todo))
@@ -312,7 +312,7 @@ class ScoreCommand(BaseSettings):
 
     def cli_cmd(self) -> None:
         from . import preflight
-        from .device import choose
+        from spinf_stream.device import choose
 
         logging.getLogger("spinf_stream").setLevel(self.log_level)
         # Everything that can be checked in a second, before the model loads; the model reference
@@ -325,7 +325,7 @@ class ScoreCommand(BaseSettings):
         preflight.check_model_reference(self.model)
         placement = choose(self.device, self.dtype)
 
-        from .engine import Engine
+        from spinf_stream.engine.scoring import Engine
 
         engine = Engine.load(
             self.model, pack, token_budget=self.token_budget, dtype=placement.dtype, device=placement.device,

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .layout import preamble_pass
-from .messages import Message, has_visible_content
-from .segment import LayoutError, PreparedMessage, Segmenter
-from .tokenizer import SpecialTokensInFields
-from .models import Decoder, load_decoder
-from .models.decoder import LayerKV
-from .runner import RunStats, score_passes
-from .packs import Pack, load_pack
-from .config import DEFAULT_TOKEN_BUDGET
-from .models import numerics
-from .records import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
+from spinf_stream.engine.layout import preamble_pass
+from spinf_stream.messages import Message, has_visible_content
+from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
+from spinf_stream.engine.tokenizer import SpecialTokensInFields
+from spinf_stream.models import Decoder, load_decoder
+from spinf_stream.models.decoder import LayerKV
+from spinf_stream.engine.runner import RunStats, score_passes
+from spinf_stream.packs import Pack, load_pack
+from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
+from spinf_stream.models import numerics
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
 
 if TYPE_CHECKING:
-    from .calibration import Calibration
+    from spinf_stream.calibration import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Engine:
         dtype_name: the dtype written in records; default: the decoder's (``fp8`` must be named).
         special_tokens_in_fields: ``"plain"`` (special-token text in message fields is plain
             text) or ``"parse"`` (the tokenizer's default: control tokens); ``None`` = the pack's
-            ``special_tokens_in_fields`` (see :mod:`spinf_stream.tokenizer`).
+            ``special_tokens_in_fields`` (see :mod:`spinf_stream.engine.tokenizer`).
         calibration: per-question maps applied to every record (already checked against this
             pack file and model, see ``spinf_stream.calibration.resolve``), or ``None``.
         allow_unstable_bits: score even when the bits probe fails on this machine (records then
@@ -71,7 +71,7 @@ class Engine:
     Raises:
         spinf_stream.models.numerics.UnstableBits: the bits probe failed (the message names the
             shape and the BLAS) and ``allow_unstable_bits`` is not set.
-        spinf_stream.segment.LayoutError: a choice whose tokens merge with its question's.
+        spinf_stream.engine.segment.LayoutError: a choice whose tokens merge with its question's.
         spinf_stream.calibration.CalibrationError: a calibration of other questions or choices.
         ValueError: a bad ``token_budget`` or ``special_tokens_in_fields``.
     """
@@ -138,8 +138,8 @@ class Engine:
         """
         from transformers import AutoTokenizer
 
-        from . import calibration as cal
-        from .models.weights import resolve
+        from spinf_stream import calibration as cal
+        from spinf_stream.models.weights import resolve
 
         if isinstance(dtype, str) and dtype != "fp8":
             by_name = {name: dt for dt, name in DTYPE_NAMES.items()}

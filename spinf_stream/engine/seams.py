@@ -10,7 +10,7 @@ see 3a). For the tokenizer pipelines :func:`find_seams` accepts, and any two str
 
 where ``j`` counts the tokens of ``encode(s)`` that end at or before ``p``. So a prompt's tokens up
 to a seam are shared by every prompt that agrees with it one character past the seam, and its
-tokens after the seam are those of the rest tokenized alone. :mod:`spinf_stream.segment` uses
+tokens after the seam are those of the rest tokenized alone. :mod:`spinf_stream.engine.segment` uses
 this to tokenize each question's tail alone and still get exactly the whole prompt's tokens.
 
 Why it holds, stage by stage of a Hugging Face ``tokenizers`` pipeline:
@@ -50,7 +50,7 @@ Why it holds, stage by stage of a Hugging Face ``tokenizers`` pipeline:
    Units", for BPE; the independence argument is the one behind GitHub's ``bpe`` crate,
    ``github/rust-gems``, "Corollary II".) In case 3a pieces never cross ``p``.
 5. **Post-processor**: adds tokens before the text only (checked by
-   :class:`spinf_stream.tokenizer.PromptTokenizer`, which tokenizes tails without them).
+   :class:`spinf_stream.engine.tokenizer.PromptTokenizer`, which tokenizes tails without them).
 
 Any other pipeline (a ``Prepend``/``Metaspace`` that adds a space at the start of every piece of
 text, NFKC, WordPiece, Unigram, another regex, ...) has no seams here: every question's prompt is

@@ -4,7 +4,7 @@ rows are read).
 
 Everything here is plain data (Python ints, then int64 tensors on the host); the model takes a
 :class:`PassLayout` as an argument and knows nothing of packs or messages. Tokenizing a message
-into content and branches is :mod:`spinf_stream.segment`'s job.
+into content and branches is :mod:`spinf_stream.engine.segment`'s job.
 
 One description, two readers. A pass is a forest of *segments* — runs of consecutive keys, each
 the parent of the next (the preamble; a message's content; a question's branch; a multi-token
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .segment import PreparedMessage
+from spinf_stream.engine.segment import PreparedMessage
 
 
 @dataclass(frozen=True)
