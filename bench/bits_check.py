@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from spinf_stream.engine import Engine
     from spinf_stream.cli.evaluation import sub_pack
     from spinf_stream.models import load_decoder
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
     from spinf_stream.packs import load_pack
     from transformers import AutoTokenizer
 

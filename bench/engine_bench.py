@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     fm = FlopModel.of(engine)
     nq = len(engine.questions)
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     path = Path(args.model) if Path(args.model).exists() else Path(resolve(args.model).path)
     hf = HF(path, pack, args.attn)

@@ -2,7 +2,7 @@
 
     python bench/pack_quality.py --pack spam --model smollm2-135m [--n 150] [--oracle engine|transformers]
 
-``--model`` is a short name (resolved by ``spinf_stream.models.weights``), a Hugging Face
+``--model`` is a short name (resolved by ``spinf_stream.models.resolve``), a Hugging Face
 directory or a ``.gguf`` file. The score of a choice is the one the engine promises (see
 ``docs/structures.md``): full = preamble + prompt(message) + question(q), tokenized as one string
 with ``add_special_tokens=True``; a choice's tokens = tokens(full + answer_prefix + label) minus
@@ -92,7 +92,7 @@ def load_transformers(model_ref: str) -> tuple[Any, Any, str]:
 
     path = Path(model_ref)
     if not path.exists():
-        from spinf_stream.models.weights import resolve  # short names: the engine's resolver
+        from spinf_stream.models.resolve import resolve  # short names: the engine's resolver
 
         path = Path(resolve(model_ref).path)
     kw: dict[str, Any] = {}

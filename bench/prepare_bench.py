@@ -51,7 +51,7 @@ def _ms_per_message(seg: Segmenter, messages: list[dict], reps: int) -> float:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m")

@@ -92,13 +92,6 @@ def baseline(y: np.ndarray, k: int) -> dict[str, float]:
     }
 
 
-def softmax(logprobs: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of choice logprobs ``[n, k]`` (the records' ``probability``)."""
-    z = logprobs - logprobs.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def clean(value: float | None) -> float | None:
     """``None`` for NaN/inf (JSON has no NaN), else the float."""
     return None if value is None or not math.isfinite(value) else value

@@ -70,7 +70,7 @@ PACK_DATA = {"spam": "sms_spam", "sentiment": "sentiment_labelled_sentences", "n
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory):
     """``family -> HF directory`` of a random-weight tiny model, built on first use."""
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
     from tiny import TOKENIZER_OF, build_tiny
 
     root = tmp_path_factory.mktemp("tiny")

@@ -21,7 +21,7 @@ from conftest import REPO, dataset
 from spinf_stream.engine import Engine, Message
 from spinf_stream.engine.layout import Work, build_pass
 from spinf_stream.models import blocks, build_decoder, numerics, spec_for
-from spinf_stream.models.backend import HEAD_COLUMNS, ROW_CHUNK, TorchBackend
+from spinf_stream.models.torch_backend import HEAD_COLUMNS, ROW_CHUNK, TorchBackend
 from spinf_stream.packs import load_pack
 from spinf_stream.engine.segment import Branch, PreparedMessage
 
@@ -296,7 +296,7 @@ def _bytes(records) -> dict[str, bytes]:
 @pytest.mark.real_model
 @pytest.mark.parametrize("model", REAL_MODELS)
 def test_real_models_give_each_record_the_same_bytes_alone_batched_reversed_shuffled_and_at_every_budget(model, loaded):
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     decoder, tok = loaded(resolve(model).path)
     pack = _ten_questions()

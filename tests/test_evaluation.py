@@ -162,7 +162,7 @@ def test_calibrate_writes_a_calibration_of_the_labelled_questions_for_this_pack_
     assert set(c.questions) == {"spam", "asks_to_call"}
     assert c.method == "vector" and c.target == "f1"
     assert c.pack == cal.pack_identity(load_pack(pack_file))
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     assert c.model.weights_sha256 == resolve(str(model_dir)).weights_sha256
     assert c.fitted_on.rows == {"spam": 60, "asks_to_call": 30}

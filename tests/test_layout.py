@@ -57,7 +57,7 @@ questions:
 def tokenizer(request):
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     return AutoTokenizer.from_pretrained(str(resolve(request.param).path))
 

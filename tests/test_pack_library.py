@@ -45,7 +45,7 @@ def test_each_pack_ships_a_calibration_for_its_file_and_a_report_of_it(pack, mod
 @pytest.mark.real_model
 @pytest.mark.parametrize("model", MODELS)
 def test_shipped_calibrations_name_the_weights_of_the_shipped_models(model):
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     want = cal.model_identity(resolve(model))
     for pack in PACKS:

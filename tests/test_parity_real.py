@@ -23,7 +23,7 @@ N_NO_CACHE = 3
 
 @pytest.fixture(scope="module")
 def real(loaded):
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     memo = {}
 

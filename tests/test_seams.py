@@ -24,7 +24,7 @@ ATOMS = [
 def tok(request):
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     return AutoTokenizer.from_pretrained(str(resolve(request.param).path))
 
@@ -97,7 +97,7 @@ def _with(tok, **changes):
 def test_pipelines_the_argument_does_not_cover_have_no_seams(change):
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     tok = AutoTokenizer.from_pretrained(str(resolve("smollm2-135m").path))
     assert find_seams(tok.backend_tokenizer) is not None

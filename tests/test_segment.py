@@ -58,7 +58,7 @@ def tok(request):
     """``(transformers tokenizer, PromptTokenizer)``: the copy is made once per module."""
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     t = AutoTokenizer.from_pretrained(str(resolve(request.param).path))
     return t, PromptTokenizer(t)
@@ -221,7 +221,7 @@ def test_issue_input_on_real_smollm2_matches_transformers(loaded):
     from oracle import Oracle, load_hf
 
     from spinf_stream.engine import Engine, Message
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     path = resolve("smollm2-135m").path
     decoder, tok = loaded(path)

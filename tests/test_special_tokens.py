@@ -33,7 +33,7 @@ FORGED = (
 def tok(request):
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     t = AutoTokenizer.from_pretrained(str(resolve(request.param).path))
     return t, PromptTokenizer(t)
@@ -154,7 +154,7 @@ def test_gemma_field_text_loses_its_control_tokens_but_keeps_ordinary_added_toke
     newlines, HTML tags — and stay single tokens in plain text, as with split_special_tokens."""
     from transformers import AutoTokenizer
 
-    from spinf_stream.models.weights import resolve
+    from spinf_stream.models.resolve import resolve
 
     hf = AutoTokenizer.from_pretrained(str(resolve("gemma-3-270m").path))
     pack = load_pack("spam")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spinf_stream.models.weights import resolve
+from spinf_stream.models.resolve import resolve
 from spinf_stream.packs import load_pack
 from spinf_stream.stream.app import load_engine_timed
 from spinf_stream.stream.produce import produce_values
@@ -155,7 +155,7 @@ def test_batch_histograms_count_every_batch_and_message(flow):
 
 
 def test_token_counters_show_the_padding_of_each_pass_last_row_chunk(flow):
-    from spinf_stream.models.backend import ROW_CHUNK
+    from spinf_stream.models.torch_backend import ROW_CHUNK
 
     s = flow.drained
     passes = s.value("spinf_forward_passes_total")

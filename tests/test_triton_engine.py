@@ -17,7 +17,7 @@ from oracle import Oracle, load_hf, probabilities
 
 from spinf_stream.engine import Engine, Message
 from spinf_stream.models import load_decoder
-from spinf_stream.models.backend import interpreter_on
+from spinf_stream.models.triton_backend import interpreter_on
 from spinf_stream.packs import load_pack
 from tiny import FAMILIES
 

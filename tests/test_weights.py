@@ -1,4 +1,4 @@
-"""Specification of spinf_stream.models.weights: references → Hugging Face directories, cached."""
+"""Specification of spinf_stream.models.resolve: references → Hugging Face directories, cached."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from spinf_stream.models import weights
-from spinf_stream.models.weights import (
+import spinf_stream.models.resolve as weights
+from spinf_stream.models.resolve import (
     ALIASES,
     DEFAULT_MODEL,
     ModelLoadError,
@@ -240,7 +240,7 @@ _KILLED_CONVERSION = textwrap.dedent(
     import importlib.util, os, signal, sys
     from pathlib import Path
 
-    # Load weights.py alone: the package's __init__ may import torch, which this test does not need.
+    # Load resolve.py alone: the package's __init__ may import torch, which this test does not need.
     spec = importlib.util.spec_from_file_location("weights", sys.argv[3])
     weights = sys.modules["weights"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(weights)

@@ -37,7 +37,8 @@ from spinf_stream import calibration as cal
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.labelled import LabelledRow, LabelledSet, read_labelled
 from spinf_stream.messages import Message
-from spinf_stream.quality import baseline, clean, question_metrics, softmax
+from spinf_stream.quality import baseline, clean, question_metrics
+from spinf_stream.softmax import softmax
 from spinf_stream.packs import ExpandedQuestion, Pack
 from spinf_stream.engine.segment import PreparedMessage
 
@@ -135,7 +136,7 @@ class ModelHandle:
         self, model: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None,
         *, allow_unstable_bits: bool = False,
     ) -> None:
-        from spinf_stream.models.weights import resolve
+        from spinf_stream.models.resolve import resolve
 
         self.ref, self.dtype, self.device, self.kernels = model, dtype, device, kernels
         self.allow_unstable_bits = allow_unstable_bits

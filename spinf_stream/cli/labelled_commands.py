@@ -91,7 +91,7 @@ class EvaluateCommand(_Common):
 
     def cli_cmd(self) -> None:
         from spinf_stream.cli.evaluation import question_report, report, summary, write_json
-        from spinf_stream.quality import softmax
+        from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
         chosen = cal.resolve(self.calibration, pack, handle.resolved)
@@ -145,7 +145,7 @@ class CalibrateCommand(_Common):
         import numpy as np
 
         from spinf_stream.cli.evaluation import content_free_logprobs, question_report, report, summary, write_json
-        from spinf_stream.quality import softmax
+        from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
         questions = self._score(pack, handle)

@@ -40,9 +40,9 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 #: Looked up in sys.modules only, so reporting them never imports torch.
 USAGE_ERRORS = (
     ("spinf_stream.packs", "PackError"),
-    ("spinf_stream.models.weights", "ModelNotInstalled"),
-    ("spinf_stream.models.weights", "ModelLoadError"),
-    ("spinf_stream.models", "UnsupportedModel"),
+    ("spinf_stream.models.resolve", "ModelNotInstalled"),
+    ("spinf_stream.models.convert", "ModelLoadError"),
+    ("spinf_stream.models.registry", "UnsupportedModel"),
     ("spinf_stream.engine.segment", "LayoutError"),
     ("spinf_stream.stream.broker", "BrokerError"),
     ("spinf_stream.calibration", "CalibrationError"),

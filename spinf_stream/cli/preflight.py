@@ -32,9 +32,9 @@ def check_model_reference(ref: str) -> None:
     """``--model`` names an installed model or an existing model path (no weights are read).
 
     Raises:
-        spinf_stream.models.weights.ModelNotInstalled, ModelLoadError.
+        spinf_stream.models.resolve.ModelNotInstalled, ModelLoadError.
     """
-    from spinf_stream.models.weights import check_reference
+    from spinf_stream.models.resolve import check_reference
 
     check_reference(ref)
 

@@ -26,6 +26,7 @@ from spinf_stream.packs import Pack, load_pack
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.models import numerics
 from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, NumericsRef, PackRef, ScoreRecord, digest
+from spinf_stream.softmax import softmax_row
 
 if TYPE_CHECKING:
     from spinf_stream.calibration import Calibration
@@ -43,12 +44,10 @@ def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
 def choice_scores(logprobs: Sequence[float]) -> list[tuple[float, float, float]]:
     """``(probability, logprob, floor)`` per choice from the choices' logprobs (float64).
 
-    ``probability`` = softmax over the choices, ``floor`` = ``exp(logprob)``.
+    ``probability`` = softmax over the choices (:func:`spinf_stream.softmax.softmax_row`),
+    ``floor`` = ``exp(logprob)``.
     """
-    top = max(logprobs)
-    e = [math.exp(lp - top) for lp in logprobs]
-    total = math.fsum(e)
-    return [(x / total, lp, math.exp(lp)) for x, lp in zip(e, logprobs)]
+    return [(p, lp, math.exp(lp)) for p, lp in zip(softmax_row(logprobs), logprobs)]
 
 
 class Engine:
@@ -132,14 +131,14 @@ class Engine:
         workers (default :func:`spinf_stream.cpus.compute_threads`; scores do not depend on it).
 
         Raises:
-            spinf_stream.models.weights.ModelNotInstalled, ModelLoadError, PackError,
+            spinf_stream.models.resolve.ModelNotInstalled, ModelLoadError, PackError,
             spinf_stream.calibration.CalibrationError, spinf_stream.models.numerics.UnstableBits;
             ValueError: a kernel back end that cannot run on ``device``.
         """
         from transformers import AutoTokenizer
 
         from spinf_stream import calibration as cal
-        from spinf_stream.models.weights import resolve
+        from spinf_stream.models.resolve import resolve
 
         if isinstance(dtype, str) and dtype != "fp8":
             by_name = {name: dt for dt, name in DTYPE_NAMES.items()}

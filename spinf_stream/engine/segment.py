@@ -91,6 +91,13 @@ def _common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
     return lo
 
 
+def _extends(base: Sequence[int], ids: Sequence[int]) -> bool:
+    """Whether a choice's tokens ``ids`` (of prompt + answer prefix + label) are the prompt's tokens
+    ``base`` followed by at least one token: else the choice merges with the prompt's last token
+    and its logprob is ill-defined."""
+    return ids[: len(base)] == base and len(ids) != len(base)
+
+
 def _build_branch(question: int, branch: list[int], choice_tokens: list[list[int]]) -> Branch:
     """Branch tokens as a chain, then a trie of the choices' tokens (leaves are never fed)."""
     tokens = list(branch)
@@ -180,8 +187,7 @@ class Segmenter:
         for q in self.questions:
             base = next(encoded)
             for label in q.choices:
-                ids = next(encoded)
-                if ids[: len(base)] != base or len(ids) == len(base):
+                if not _extends(base, next(encoded)):
                     raise LayoutError(
                         "choice_tokenization",
                         f"pack {self.pack.name!r}: choice {label!r} of question {q.id!r} merges with the "
@@ -329,7 +335,7 @@ class Segmenter:
                 got = [next(tail_ids) for _ in conts]
             ctoks = []
             for label, ids in zip(self.questions[k].choices, got):
-                if ids[: len(base)] != base or len(ids) == len(base):
+                if not _extends(base, ids):
                     raise LayoutError(
                         "choice_tokenization",
                         f"choice {label!r} of question {self.questions[k].id!r} does not extend the prompt's tokens",

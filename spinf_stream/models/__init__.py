@@ -1,163 +1,18 @@
-"""Model families and loading: a registry keyed by the checkpoint's ``model_type``, each family
-stating only how it differs (``spec_from_config``); weights are read by transformers' names."""
+"""Decoder-only language models for scoring: re-exports of the names the project uses.
+
+- :mod:`.registry`: the families by ``model_type`` (:func:`spec_for`);
+- :mod:`.loader`: a checkpoint as a :class:`Decoder` (:func:`load_decoder`, :func:`build_decoder`,
+  :func:`quantize_fp8`);
+- :mod:`.resolve`: model references (short names, directories, GGUF files) → directories;
+- :mod:`.backend`: the kernel back ends (:mod:`.ops` their interface).
+"""
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
-from typing import Any
-
-import torch
-
-from .backend import Backend, QuantizedWeight, choose, make_backend
-from .decoder import Decoder, LayerWeights, Weight
+from .decoder import Decoder
+from .loader import build_decoder, load_decoder, quantize_fp8
+from .registry import FAMILIES, UnsupportedModel, spec_for
 from .spec import ModelSpec
-
-#: Largest normal float8 e4m3 value (OCP 8-bit floating point spec, 2023).
-FP8_MAX = 448.0
-
-#: ``model_type`` → module in this package defining ``spec_from_config(config)``.
-FAMILIES: dict[str, str] = {
-    "llama": ".llama",
-    "mistral": ".mistral",
-    "qwen2": ".qwen2",
-    "qwen3": ".qwen3",
-    "gemma3_text": ".gemma3",
-    "gemma3": ".gemma3",
-}
-
-
-class UnsupportedModel(ValueError):
-    """The checkpoint's family is not one we implement."""
-
-
-def spec_for(config: Any) -> ModelSpec:
-    """The :class:`ModelSpec` of a transformers config (multimodal Gemma 3: its text config).
-
-    Raises:
-        UnsupportedModel: unknown ``model_type``.
-    """
-    if getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config"):
-        config = config.text_config
-    mt = getattr(config, "model_type", None)
-    if mt not in FAMILIES:
-        raise UnsupportedModel(f"model_type {mt!r} is not supported; supported: {sorted(FAMILIES)}")
-    module = importlib.import_module(FAMILIES[mt], __name__)
-    return module.spec_from_config(config)
-
-
-def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors files")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(str(f)))
-    # Multimodal checkpoints nest the text model; keep the text weights under plain names.
-    out = {}
-    for name, t in sd.items():
-        for p in ("model.language_model.", "language_model.model.", "language_model."):
-            if name.startswith(p):
-                name = "model." + name[len(p):] if not name[len(p):].startswith("lm_head") else name[len(p):]
-                break
-        out[name] = t
-    return out
-
-
-def quantize_fp8(weight: torch.Tensor) -> QuantizedWeight:
-    """float8 e4m3 weights with one scale per output channel: ``scale[n] = max|w[n]| / 448``
-    (448 = e4m3's largest normal), ``data = round(w / scale)``. ``weight [N, K]`` any float dtype."""
-    w = weight.float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
-    data = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return QuantizedWeight(data.contiguous(), scale.contiguous())
-
-
-def build_decoder(
-    spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.dtype | str, device: str | torch.device,
-    backend: Backend | None = None,
-) -> Decoder:
-    """Assemble a :class:`Decoder` from a transformers-named state dict.
-
-    ``dtype``: a torch float dtype, or ``"fp8"``: the linear layers' weights in float8 e4m3 with
-    per-output-channel scales (:func:`quantize_fp8`), everything else in bfloat16.
-
-    Raises:
-        KeyError: a weight the spec needs is missing (names it).
-    """
-    fp8 = dtype == "fp8"
-    act_dtype = torch.bfloat16 if fp8 else dtype
-
-    def get(name: str) -> torch.Tensor:
-        if name not in sd:
-            raise KeyError(f"checkpoint has no weight {name!r}")
-        return sd[name].to(device=device, dtype=act_dtype)
-
-    def opt(name: str) -> torch.Tensor | None:
-        return get(name) if name in sd else None
-
-    def mat(*names: str) -> Weight:
-        """One linear layer's weight (stacked when several names), quantized for fp8."""
-        for n in names:
-            if n not in sd:
-                raise KeyError(f"checkpoint has no weight {n!r}")
-        w = torch.cat([sd[n] for n in names]) if len(names) > 1 else sd[names[0]]
-        if fp8:
-            return quantize_fp8(w.to(device))
-        return w.to(device=device, dtype=act_dtype).contiguous()
-
-    layers = []
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        bias = None
-        if f"{p}self_attn.q_proj.bias" in sd:
-            bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-        sandwich = spec.sandwich_norms
-        layers.append(
-            LayerWeights(
-                input_norm=get(p + "input_layernorm.weight"),
-                qkv=mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
-                qkv_bias=bias,
-                o=mat(p + "self_attn.o_proj.weight"),
-                q_norm=opt(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
-                k_norm=opt(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
-                post_attn_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
-                mlp_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
-                post_mlp_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
-                gate_up=mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                down=mat(p + "mlp.down_proj.weight"),
-            )
-        )
-    embed = get("model.embed_tokens.weight")
-    head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
-    return Decoder(spec, embed, layers, get("model.norm.weight"), head, backend)
-
-
-def load_decoder(
-    path: str | Path, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
-    kernels: str | None = None, threads: int | None = None,
-) -> Decoder:
-    """Load a Hugging Face directory (``config.json`` + ``*.safetensors``) as a :class:`Decoder`.
-
-    ``kernels``: the back end (``torch``, ``triton``, ``cublas``); default
-    :func:`spinf_stream.models.backend.choose` for ``device`` (honours ``SPINF_KERNELS``).
-    ``threads``: the torch back end's compute workers (default
-    :func:`spinf_stream.cpus.compute_threads`).
-
-    Raises:
-        UnsupportedModel: unknown family. FileNotFoundError: no weights. KeyError: missing weight.
-        ValueError: a back end that cannot run on ``device``.
-    """
-    from transformers import AutoConfig
-
-    path = Path(path)
-    backend = make_backend(choose(device, kernels, dtype), threads=threads)
-    config = AutoConfig.from_pretrained(str(path))
-    spec = spec_for(config)
-    return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device, backend=backend)
-
 
 __all__ = [
     "Decoder", "ModelSpec", "UnsupportedModel", "build_decoder", "load_decoder", "quantize_fp8", "spec_for", "FAMILIES",

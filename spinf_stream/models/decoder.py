@@ -10,10 +10,9 @@ import torch
 from spinf_stream.engine.layout import PassLayout
 from . import blocks
 from .attention import KV
-from .backend import Backend, QuantizedWeight, TorchBackend
+from .ops import Backend, QuantizedWeight, Weight
 from .spec import ModelSpec
-
-Weight = torch.Tensor | QuantizedWeight
+from .torch_backend import TorchBackend
 
 
 def _rows(w: Weight, t: slice) -> Weight:
@@ -49,8 +48,8 @@ class Decoder:
     Args:
         spec: what to compute. embed: ``[vocab, hidden]``. layers: per-layer weights.
         final_norm: ``[hidden]``. lm_head: ``[vocab, hidden]`` (the embedding when tied).
-        backend: the kernels that run the pass (:class:`~spinf_stream.models.backend.Backend`;
-            default :class:`~spinf_stream.models.backend.TorchBackend`).
+        backend: the kernels that run the pass (:class:`~spinf_stream.models.ops.Backend`;
+            default :class:`~spinf_stream.models.torch_backend.TorchBackend`).
     """
 
     def __init__(

@@ -1,11 +1,12 @@
-"""What decides a score's bits besides the model and dtype, and the probe that checks, where the
-engine runs, the few properties of a vendor library (the CPU BLAS) that bit-stability rests on.
+"""Bit-stability where the engine runs: the records' ``numerics`` block, and the probe that
+checks the few properties of a vendor library (the CPU BLAS) that bit-stability rests on.
 
-A record's ``numerics`` block comes from :func:`describe`: the instruction-set class torch's
-kernels use (``avx512``, ``avx2``; on CUDA the architecture, ``sm_90``), the libraries with their
-versions (torch and its BLAS with the code path it picked; Triton), and the tile sizes of the
-pass. Digests are comparable, and equal by construction, between records whose ``model`` and
-``numerics`` blocks are equal.
+A record's ``numerics`` block comes from :func:`describe`, that is from the back end's own
+:meth:`~spinf_stream.models.ops.Backend.numerics`: the instruction-set class torch's kernels use
+(``avx512``, ``avx2``; on CUDA the architecture, ``sm_90``), the libraries with their versions
+(torch and its BLAS with the code path it picked, :mod:`spinf_stream.models.libraries`; Triton),
+and the tile sizes of the pass. Digests are comparable, and equal by construction, between
+records whose ``model`` and ``numerics`` blocks are equal.
 
 :func:`probe` (torch back end) runs the model's own GEMM shapes on random inputs, on the back
 end's workers, and checks what ``docs/invariance.md`` relies on:
@@ -20,33 +21,27 @@ It raises :class:`UnstableBits` naming the shape and the BLAS when one fails.
 
 from __future__ import annotations
 
-import ctypes
-import importlib.metadata
 import logging
-import re
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from . import attention as attn
-from .backend import COLUMN_TILE, HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
+from .backend import backend_class
+from .libraries import blas, blas_threads
+from .ops import Numerics
+from .torch_backend import HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
 
 if TYPE_CHECKING:
     from .decoder import Decoder
 
 log = logging.getLogger(__name__)
 
-#: MKL's code branches (``mkl_cbwr_get_auto_branch``; mkl_service.h, ``MKL_CBWR_*``)
-MKL_BRANCHES = {
-    3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2",
-    11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1",
-}
+__all__ = ["Numerics", "ProbeReport", "UnstableBits", "blas", "blas_threads", "check_bits", "describe", "probe"]
 
 
 class UnstableBits(RuntimeError):
@@ -54,99 +49,15 @@ class UnstableBits(RuntimeError):
     machine (the message names the shape, the property and the BLAS)."""
 
 
-@dataclass(frozen=True)
-class Numerics:
-    """What decides the bits besides the model, its weights, the device and the dtype.
-
-    ``isa``: the instruction-set class of torch's CPU kernels (``avx512``, ``avx2``, ...) or the
-    CUDA architecture (``sm_90``). ``library``: the kernel libraries and versions. ``tiles``:
-    the pass's fixed shapes. ``bits_probe``: ``passed``, ``failed`` (scores anyway, as
-    ``--allow-unstable-bits`` asked) or ``not_needed`` (no vendor library decides a row's bits:
-    the Triton kernels), ``not_run``.
-    """
-
-    isa: str
-    library: str
-    tiles: str
-    bits_probe: str = "not_run"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-@cache
-def _torch_cpu_library() -> ctypes.CDLL | None:
-    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    try:
-        return ctypes.CDLL(str(path)) if path.exists() else None
-    except OSError:
-        return None
-
-
-def _mkl(symbol: str) -> Callable[..., int] | None:
-    lib = _torch_cpu_library()
-    return getattr(lib, symbol, None) if lib is not None else None
-
-
-def blas_threads() -> int | None:
-    """Threads MKL would use for a GEMM called from this thread (``mkl_get_max_threads``), or
-    ``None`` when torch's BLAS is not MKL (or does not say)."""
-    fn = _mkl("mkl_get_max_threads")
-    return int(fn()) if fn is not None else None
-
-
-@cache
-def blas() -> str:
-    """torch's BLAS, its version and, for MKL, the code branch it picked on this CPU, e.g.
-    ``Intel oneMKL 2024.2 (AVX512_E1 code path)``."""
-    config = torch.__config__.show()
-    info = re.search(r"BLAS_INFO=(\w+)", config)
-    name = info.group(1) if info else "unknown"
-    if name == "mkl":
-        version = re.search(r"Math Kernel Library Version ([0-9.]+)", config)
-        branch_fn = _mkl("mkl_serv_cbwr_get_auto_branch")
-        branch = int(branch_fn()) if branch_fn is not None else None
-        path = MKL_BRANCHES.get(branch, f"branch {branch}") if branch is not None else "unknown"
-        return f"Intel oneMKL {version.group(1) if version else '?'} ({path} code path)"
-    return name
-
-
-def cpu_isa() -> str:
-    """torch's CPU kernel capability (``avx512``, ``avx2``, ``default``, ...)."""
-    return torch.backends.cpu.get_cpu_capability().lower()
-
-
 def describe(device: torch.device, backend_name: str, dtype: torch.dtype) -> Numerics:
     """The numerics of a decoder on ``device`` with back end ``backend_name`` (activations in
-    ``dtype``); ``bits_probe`` is ``not_run`` (the engine sets it)."""
-    if backend_name == "torch":
-        return Numerics(
-            isa=cpu_isa(),
-            library=f"torch {torch.__version__.split('+')[0]}, {blas()}",
-            tiles=f"rows {ROW_CHUNK}, columns {COLUMN_TILE}, content blocks {attn.CONTENT_BLOCK}, "
-                  f"branch rows {attn.BRANCH_ROWS}, head {HEAD_ROWS}x{HEAD_COLUMNS}",
-        )
-    from kernels.logsumexp import BLOCK_V
-    from kernels.matmul import tile_config
-    from kernels.tree_attention import BLOCK_N as ATTENTION_KEYS
+    ``dtype``): the back end's :meth:`~spinf_stream.models.ops.Backend.numerics`;
+    ``bits_probe`` is ``not_run`` or ``not_needed`` (the engine sets it after the probe).
 
-    narrow, wide = tile_config(device, dtype, 1), tile_config(device, dtype, 1 << 20)
-    gemm = f"gemm {narrow.block_m}x{narrow.block_n}x{narrow.block_k}"
-    if wide != narrow:
-        from kernels.matmul import INTERPRETER_BLOCK_N
-
-        gemm += f" ({wide.block_m}x{wide.block_n}x{wide.block_k} for N >= {4 * INTERPRETER_BLOCK_N})"
-    tiles = f"{gemm}, attention keys {ATTENTION_KEYS}, lse {BLOCK_V}"
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return Numerics(isa=f"sm_{major}{minor}", library=f"triton {_version('triton')}, torch {torch.__version__}",
-                        tiles=tiles, bits_probe="not_needed" if backend_name == "triton" else "not_run")
-    return Numerics(isa=cpu_isa(), library=f"triton {_version('triton')} (interpreter), torch {torch.__version__}",
-                    tiles=tiles, bits_probe="not_needed")
+    Raises:
+        ValueError: an unknown back end name.
+    """
+    return backend_class(backend_name).numerics(device, dtype)
 
 
 @dataclass(frozen=True)
@@ -266,7 +177,7 @@ def check_bits(decoder: Decoder, allow_unstable: bool = False) -> str | None:
     Raises:
         UnstableBits: the probe failed and ``allow_unstable`` is false.
     """
-    if not isinstance(decoder.backend, TorchBackend):
+    if not decoder.backend.needs_bits_probe:
         return None
     found = _PROBED.get(decoder)
     if found is None:

