@@ -1,4 +1,6 @@
-"""``spinf-stream evaluate`` and ``spinf-stream calibrate``: the pack author's loop on labelled
+"""The work of ``evaluate`` and ``calibrate``: score labelled rows, fit, report.
+
+``spinf-stream evaluate`` and ``spinf-stream calibrate``: the pack author's loop on labelled
 rows (``spinf_stream.labelled``) — measure a pack, fit its calibration, measure it again.
 
 Only the labelled questions are scored: a question's scores do not depend on the pack's other

@@ -1,4 +1,6 @@
-"""Attention over a packed pass, on the CPU with torch (the CUDA/Triton path is
+"""Attention over a packed pass on the CPU (torch).
+
+Attention over a packed pass, on the CPU with torch (the CUDA/Triton path is
 :mod:`kernels.tree_attention`; both read the plan that :func:`spinf_stream.engine.layout.build_pass`
 makes).
 

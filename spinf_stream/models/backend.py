@@ -1,4 +1,6 @@
-"""Which kernel back end runs a forward pass: the back ends by name, and the choice made once
+"""Which kernel back end runs a forward pass, chosen once at load.
+
+Which kernel back end runs a forward pass: the back ends by name, and the choice made once
 when the model loads.
 
 - ``torch`` (:class:`~spinf_stream.models.torch_backend.TorchBackend`, the CPU default);

@@ -1,4 +1,6 @@
-"""Building blocks shared by every family on the torch back end: batch-invariant linear,
+"""The torch back end's building blocks, shared by every family.
+
+Building blocks shared by every family on the torch back end: batch-invariant linear,
 RMSNorm, rotary embedding, gated MLP. (Attention over the packed layout is
 :mod:`spinf_stream.models.attention`; the Triton twins of these ops are in ``kernels/``.)
 

@@ -1,4 +1,6 @@
-"""Gemma 3 (text): Llama plus
+"""Gemma 3 (text): how it differs from Llama.
+
+Llama plus
 - RMSNorm scales stored as ``w - 1`` (``x * (1 + w)``), q/k norms per head,
 - sandwich norms (attention and MLP outputs normalised before the residual add),
 - embeddings scaled by ``sqrt(hidden_size)``, GELU (tanh) in the MLP,

@@ -1,4 +1,6 @@
-"""Qwen3: Llama plus a per-head RMSNorm on queries and keys before rotary (``q_norm``,
+"""Qwen3: how it differs from Llama.
+
+Qwen3: Llama plus a per-head RMSNorm on queries and keys before rotary (``q_norm``,
 ``k_norm``), no q/k/v bias unless ``attention_bias``."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The engine thread: the one thread of the process that runs the engine's computing calls —
+"""The one thread that runs the engine's computing calls.
+
+The engine thread: the one thread of the process that runs the engine's computing calls —
 loading (with its preamble prefill), warm-up and forward passes — so that they never run on the
 event loop and never on two threads.
 

@@ -21,13 +21,7 @@ topic accept (:mod:`~spinf_stream.stream.dlq`), a score record over it becomes a
 ``record_too_large`` dead letter, and a record the broker still refuses for its size is reported
 and skipped.
 
-Threads, sized to the machine (README, "The service"): the event loop (consume, decode, build
-records, produce, commit) on the main thread; tokenization on one thread (far ahead of the engine:
-bench/README.md, "Where the time went"); the engine on one thread
-(:class:`~spinf_stream.stream.engine_thread.EngineThread`, shared with the model load so that
-OpenMP keeps one team of workers), whose torch compute threads take every usable CPU
-(:func:`spinf_stream.device.size_cpu_threads`). The other threads wake rarely and briefly, so
-they are not given a CPU of their own.
+Threads: README, "The service".
 
 Keeping the engine busy: with a backlog, a batch fills the token budget (the latency window holds
 for input that trickles in, not for records already read or waiting in the broker; see
@@ -110,6 +104,9 @@ class _Running:
 
 class ScoringService:
     """Scores the input topics of ``settings`` with ``scorer`` until :meth:`stop` (or a failure).
+
+    One piece (about 320 lines): the coordinator, each method one step of its loop; every other
+    concern is in the class it delegates to.
 
     Args:
         settings: topics, group, batching and Kafka client settings.

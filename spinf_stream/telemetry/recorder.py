@@ -103,6 +103,9 @@ def _carrier(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, st
 class StreamTelemetry:
     """Metrics, spans, health and the status line of one scoring service.
 
+    One piece (about 310 lines) because it is the one surface the service reports to: each method
+    is one named point of the service, translated into every signal at once.
+
     Args:
         providers: the SDK providers (:func:`~.providers.build_providers`); ``None`` members are off.
         health: the liveness/readiness state the probes read.
