@@ -1,6 +1,6 @@
 """Labelled input of ``evaluate`` and ``calibrate``.
 
-Labelled input of ``evaluate`` and ``calibrate``: JSON Lines, each row a message (``id`` and
+JSON Lines, each row a message (``id`` and
 the fields the pack uses, as for ``score``) plus the right choice of any of the pack's questions::
 
     {"id": "sms-1", "text": "WIN a prize! Call now", "labels": {"spam": "yes"}}

@@ -1,8 +1,7 @@
 """Writes ``schemas/`` from the pydantic models of every record.
 
-Writes ``schemas/``: the JSON Schemas of every record the project emits, generated from the
-pydantic models (``python -m spinf_stream.schemas [DIR]``; ``tests/test_schemas.py`` keeps the
-committed files in sync)."""
+The JSON Schemas of every record the project emits (``python -m spinf_stream.schemas [DIR]``;
+``tests/test_schemas.py`` keeps the committed files in sync)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The work of ``evaluate`` and ``calibrate``: score labelled rows, fit, report.
 
-``spinf-stream evaluate`` and ``spinf-stream calibrate``: the pack author's loop on labelled
-rows (``spinf_stream.labelled``) — measure a pack, fit its calibration, measure it again.
+The pack author's loop on labelled rows (``spinf_stream.labelled``): measure a pack, fit its
+calibration, measure it again.
 
 Only the labelled questions are scored: a question's scores do not depend on the pack's other
 questions (each question is its own branch after the message; the prompt of message *m* and

@@ -1,8 +1,7 @@
 """The ``evaluate`` and ``calibrate`` command lines (cheap to import).
 
-``spinf-stream evaluate`` and ``spinf-stream calibrate``: the command lines of the pack author's
-loop (the work is in :mod:`spinf_stream.cli.evaluation`). Importing this module is cheap (no torch,
-no scikit-learn): the CLI builds its parser from it and checks the pack, the files and the model
+The work is in :mod:`spinf_stream.cli.evaluation`. Importing this module is cheap (no torch, no
+scikit-learn): the CLI builds its parser from it and checks the pack, the files and the model
 reference before anything slow is loaded.
 """
 

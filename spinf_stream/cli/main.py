@@ -1,6 +1,6 @@
 """The ``spinf-stream`` console script and its exit codes.
 
-The ``spinf-stream`` console script: one subcommand per module, parsed by pydantic-settings
+One subcommand per module, parsed by pydantic-settings
 (flags in kebab case; every command also reads its ``SPINF_*`` environment variables).
 
 Exit codes: 0 ok; 1 a failure at run time (``score``: no line could be scored, or ``--strict``

@@ -1,6 +1,6 @@
 """Checks of packs, models and files that run before any weights load.
 
-Checks that run before the slow part (loading weights), each in milliseconds: the pack, the model
+Each takes milliseconds: the pack, the model
 reference, the input file, the output file. Each raises a one-line error naming the flag, its
 ``SPINF_*`` variable, the bad value and what to do; the Kafka checks of ``run`` are in
 :mod:`spinf_stream.stream.topic_checks`.

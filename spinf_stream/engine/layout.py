@@ -1,6 +1,6 @@
 """Planning forward passes and laying each one out.
 
-Planning forward passes: packing tokenized messages into passes under a token budget, and
+Packing tokenized messages into passes under a token budget, and
 laying each pass out (which token sits where, its logical position, what it may attend to, which
 rows are read).
 

@@ -1,8 +1,7 @@
 """Running packed forward passes and reading choice logprobs.
 
-Running packed forward passes and reading choice log-probabilities: the engine's core,
-free of packs, tokenizers and records (so ``bench/gpu_check.py`` runs it on bare token ids, with
-nothing but torch, triton and transformers installed).
+The engine's core, free of packs, tokenizers and records (so ``bench/gpu_check.py`` runs it on
+bare token ids, with nothing but torch, triton and transformers installed).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The :class:`Engine`: load, prepare, run, records out.
 
-The decision engine: read each message once, answer every question of a pack as a short
+Read each message once, answer every question of a pack as a short
 branch of one packed forward pass, and read choice log-probabilities from the logits.
 
 It knows nothing of Kafka: ``prepare`` (tokenize, cheap) and ``run`` (forward passes, blocking)

@@ -1,8 +1,7 @@
 """Attention over a packed pass on the CPU (torch).
 
-Attention over a packed pass, on the CPU with torch (the CUDA/Triton path is
-:mod:`kernels.tree_attention`; both read the plan that :func:`spinf_stream.engine.layout.build_pass`
-makes).
+The CUDA/Triton path is :mod:`kernels.tree_attention`; both read the plan that
+:func:`spinf_stream.engine.layout.build_pass` makes.
 
 Every query attends to exactly its ancestors (DESIGN.md "Mask"): a content token to its
 message's preamble and its own content up to itself; a branch token to the preamble, the whole

@@ -1,8 +1,5 @@
 """Which kernel back end runs a forward pass, chosen once at load.
 
-Which kernel back end runs a forward pass: the back ends by name, and the choice made once
-when the model loads.
-
 - ``torch`` (:class:`~spinf_stream.models.torch_backend.TorchBackend`, the CPU default);
 - ``triton`` (:class:`~spinf_stream.models.triton_backend.TritonBackend`, CUDA always; CPU
   tensors under Triton's interpreter with ``SPINF_KERNELS=triton`` and ``TRITON_INTERPRET=1``);

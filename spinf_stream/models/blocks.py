@@ -1,7 +1,6 @@
 """The torch back end's building blocks, shared by every family.
 
-Building blocks shared by every family on the torch back end: batch-invariant linear,
-RMSNorm, rotary embedding, gated MLP. (Attention over the packed layout is
+Batch-invariant linear, RMSNorm, rotary embedding, gated MLP. (Attention over the packed layout is
 :mod:`spinf_stream.models.attention`; the Triton twins of these ops are in ``kernels/``.)
 
 Batch invariance (a message's numbers do not depend on what else is in the pass) on the CPU

@@ -1,6 +1,6 @@
 """The model cache on disk.
 
-The model cache on disk: where it lives, what names its entries, and how an entry is built
+Where it lives, what names its entries, and how an entry is built
 once and published whole.
 
 Layout, under :func:`cache_dir` (or the ``cache`` argument of

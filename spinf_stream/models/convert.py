@@ -1,6 +1,6 @@
 """Model files: checked, and GGUF converted to a Hugging Face directory.
 
-Model files: what makes a Hugging Face directory or a GGUF file usable, and a GGUF file
+What makes a Hugging Face directory or a GGUF file usable, and a GGUF file
 converted once into a cached Hugging Face directory (dequantized to float32)."""
 
 from __future__ import annotations

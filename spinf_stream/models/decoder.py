@@ -1,6 +1,6 @@
 """The decoder-only transformer every family runs.
 
-The decoder-only transformer every family runs: weights + a :class:`ModelSpec`, forward over
+Weights + a :class:`ModelSpec`, forward over
 a :class:`PassLayout`, and the LM head only at the rows that are read."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The vendor libraries under the kernels, as this machine has them.
 
-The vendor libraries under the kernels, as this machine has them: versions, torch's CPU BLAS
+Versions, torch's CPU BLAS
 with the code path it picked, its thread count, and the CPU's instruction-set class."""
 
 from __future__ import annotations

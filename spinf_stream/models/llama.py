@@ -1,7 +1,7 @@
 """The Llama family, which every other family is stated against.
 
-Llama family (Llama 2/3, SmolLM/SmolLM2): the plain pre-norm decoder every other family
-file is stated against. Weight names follow transformers' ``LlamaForCausalLM``."""
+Llama 2/3, SmolLM/SmolLM2: the plain pre-norm decoder. Weight names follow transformers'
+``LlamaForCausalLM``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Loading a checkpoint as a :class:`~spinf_stream.models.decoder.Decoder`.
 
-Loading a checkpoint as a :class:`~spinf_stream.models.decoder.Decoder`: the state dict by
+The state dict by
 transformers' names, the layers assembled for the spec, fp8 quantization on load."""
 
 from __future__ import annotations

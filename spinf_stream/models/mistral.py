@@ -1,6 +1,6 @@
 """Mistral: how it differs from Llama.
 
-Mistral: Llama plus a sliding window on every layer where the config sets one
+Llama plus a sliding window on every layer where the config sets one
 (Mistral 7B v0.1: 4,096; later versions: none)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What decides a record's bits, and the probe that checks it at load.
 
-Bit-stability where the engine runs: the records' ``numerics`` block, and the probe that
+The records' ``numerics`` block, and the probe that
 checks the few properties of a vendor library (the CPU BLAS) that bit-stability rests on.
 
 A record's ``numerics`` block comes from :func:`describe`, that is from the back end's own

@@ -1,6 +1,6 @@
 """The interface every kernel back end implements.
 
-The interface every kernel back end implements: the ops of a forward pass, the weights they
+The ops of a forward pass, the weights they
 take, and what decides their bits.
 
 The back ends are :class:`~spinf_stream.models.torch_backend.TorchBackend` (the CPU) and

@@ -1,6 +1,6 @@
 """Qwen2 and Qwen2.5: how they differ from Llama.
 
-Qwen2 / Qwen2.5: Llama plus biases on the q, k and v projections (and, when
+Llama plus biases on the q, k and v projections (and, when
 ``use_sliding_window`` is set, sliding windows on the layers ``layer_types`` names)."""
 
 from __future__ import annotations

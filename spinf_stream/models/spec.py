@@ -1,6 +1,6 @@
 """What a decoder-only model is, as data.
 
-What a decoder-only model is, as data: the family files fill a :class:`ModelSpec` from a
+The family files fill a :class:`ModelSpec` from a
 checkpoint's ``config.json``; :mod:`spinf_stream.models.decoder` runs any spec."""
 
 from __future__ import annotations

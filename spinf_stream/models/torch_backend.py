@@ -1,6 +1,6 @@
 """The CPU back end (torch, fixed shapes, one thread per op).
 
-The CPU back end: torch ops, each with a single intra-op thread on one of the back end's
+Torch ops, each with a single intra-op thread on one of the back end's
 workers, over units of work of fixed shapes.
 
 :class:`TorchBackend` runs every op on one of its workers

@@ -1,6 +1,6 @@
 """The Triton back ends (and the cuBLAS variant for measuring).
 
-The Triton back ends: the batch-invariant kernels of ``kernels/``, and the same with cuBLAS
+The batch-invariant kernels of ``kernels/``, and the same with cuBLAS
 GEMMs for measuring what invariance costs.
 
 - :class:`TritonBackend` (CUDA, always): the Triton kernels for every GEMM, RMSNorm, the packed

@@ -1,6 +1,6 @@
 """The CPU engine's compute threads.
 
-The CPU engine's compute threads: a fixed set of workers, each running every torch op with one
+A fixed set of workers, each running every torch op with one
 intra-op thread, over independent units of work (row chunks, messages' attention, LM-head tiles).
 
 Why: a vendor GEMM run with several threads splits its work by the thread count, and its bits

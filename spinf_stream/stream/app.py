@@ -1,6 +1,6 @@
 """Process glue of ``spinf-stream run``.
 
-Process-level glue of ``spinf-stream run``: logging, checks before the slow part, telemetry
+Logging, checks before the slow part, telemetry
 and its HTTP endpoint, loading the engine, signals, exit codes. Usage mistakes raise
 :class:`~spinf_stream.errors.UsageError` (or the pack's and model's own errors) for
 ``spinf_stream.cli`` to print as one line (exit 2)."""

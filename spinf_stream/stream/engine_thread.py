@@ -1,8 +1,7 @@
 """The one thread that runs the engine's computing calls.
 
-The engine thread: the one thread of the process that runs the engine's computing calls —
-loading (with its preamble prefill), warm-up and forward passes — so that they never run on the
-event loop and never on two threads.
+It runs loading (with its preamble prefill), warm-up and forward passes, so that they never run
+on the event loop and never on two threads.
 
 Why one thread, on the CPU: torch's CPU kernels run on OpenMP, which gives every thread that
 starts parallel work its own team of worker threads. With more workers than CPUs, libgomp stops

@@ -1,6 +1,6 @@
 """Every metric the scorer exports, in one place.
 
-Every metric the scorer exports, in one place: name, kind, unit, attributes, buckets, and the
+Name, kind, unit, attributes, buckets, and the
 question it answers.
 
 The recorder (:mod:`spinf_stream.telemetry.recorder`) creates its instruments from :data:`METRICS`
