@@ -169,6 +169,22 @@ def test_the_probe_refuses_a_gemm_whose_row_bits_depend_on_their_place(tiny_deco
     assert numerics.blas() in str(e.value)
 
 
+def _edge_rows_linear(x, weight, bias=None, out=None):
+    """A GEMM whose last two rows come out one ulp up: an edge kernel for the rows past the last
+    whole block of the BLAS's micro-kernel (MKL's AVX2 path at 32 rows does this)."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    y[-2:] = torch.nextafter(y[-2:], torch.full_like(y[-2:], float("inf")))
+    return y
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_probe_refuses_a_gemm_whose_last_rows_have_other_bits_whatever_its_random_draw(tiny_decoder, monkeypatch, seed):
+    # rows moved at random to the first half of a GEMM miss the last two places a quarter of the time
+    monkeypatch.setattr(blocks, "linear", _edge_rows_linear)
+    with pytest.raises(numerics.UnstableBits, match=r"^q/k/v projection \[128, 64\] @ \[64, 128\]: a row's bits depend on"):
+        numerics.probe(tiny_decoder, seed=seed)
+
+
 def test_the_probe_refuses_a_blas_that_runs_several_threads_on_a_worker(tiny_decoder, monkeypatch):
     monkeypatch.setattr(numerics, "blas_threads", lambda: 2)
     with pytest.raises(numerics.UnstableBits, match="runs 2 threads on the engine's workers"):
@@ -307,9 +323,7 @@ def test_real_models_give_each_record_the_same_bytes_alone_batched_reversed_shuf
         alone.update(_bytes(engine(16384).score([m])))
     longest = max(p.n_tokens for p in engine(16384).prepare(msgs))
     assert longest > 300, "the long messages must be longer than the small budgets"
-    shuffled = msgs[:]
-    random.Random(16).shuffle(shuffled)
-    cases = {"batched, 16384": (msgs, 16384), "reversed, 1024": (msgs[::-1], 1024), "shuffled, 1024": (shuffled, 1024),
+    cases = {"batched, 16384": (msgs, 16384), "reversed, 1024": (msgs[::-1], 1024),
              "reversed, 160": (msgs[4:7][::-1], 160), "budget 100": (msgs[:2] + msgs[8:], 100),
              "shuffled, 64": ([msgs[5], msgs[1], msgs[9]], 64), "budget 16": (msgs[7:9], 16)}
     for case, (subset, budget) in cases.items():

@@ -1,5 +1,5 @@
 """Parity with transformers on real models and real messages: every question of the three
-shipped packs, 40 messages each, for Gemma 3 270M, SmolLM2-135M and Qwen2.5-Coder-0.5B.
+shipped packs, 24 messages each, for Gemma 3 270M, SmolLM2-135M and Qwen2.5-Coder-0.5B.
 
 Tolerances (fp32): |Δprobability| ≤ 2e-4, |Δlogprob| ≤ 1e-3.
 """
@@ -16,7 +16,7 @@ from spinf_stream.packs import load_pack
 pytestmark = pytest.mark.real_model
 
 MODELS = ["smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b"]
-N_MESSAGES = 40
+N_MESSAGES = 24
 #: messages per pack also checked against transformers WITHOUT its own prefix cache
 N_NO_CACHE = 3
 

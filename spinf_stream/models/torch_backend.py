@@ -36,8 +36,11 @@ ROW_CHUNK = 128
 #: a pass of few row chunks is split over the workers by (row chunk, tile) without changing a
 #: GEMM's shape.
 COLUMN_TILE = 512
-#: Read rows per LM-head GEMM (the last group padded): small, since every pass pays its padding.
-HEAD_ROWS = 32
+#: Read rows per LM-head GEMM (the last group padded): small, since every pass pays its padding,
+#: and a size at which MKL's rows are place-invariant on its AVX2 path too (at 32 rows that path
+#: gives some places other bits; measured, bench/README.md "Fixed shapes"). Divides HEAD_GROUP.
+HEAD_ROWS = 64
+assert HEAD_GROUP % HEAD_ROWS == 0
 #: Vocabulary columns per LM-head GEMM (the last tile of a vocabulary is narrower, fixed per model).
 HEAD_COLUMNS = 8192
 
