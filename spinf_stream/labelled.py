@@ -94,6 +94,9 @@ def read_labelled(path: str | Path, questions: Sequence[ExpandedQuestion]) -> La
                     problems.append(f"{where}: labels.{qid}: no question {qid!r} in the pack")
                 elif not isinstance(choice, str):
                     problems.append(f"{where}: labels.{qid}: the choice must be a string, got {orjson.dumps(choice).decode()}")
+                elif q.extract is not None:
+                    problems.append(f"{where}: labels.{qid}: {qid!r} is an extraction question; evaluate and calibrate "
+                                    f"take labels of choice questions only")
                 elif choice not in q.choices:
                     problems.append(f"{where}: labels.{qid}: {choice!r} is not a choice of {qid!r} ({', '.join(q.choices)})")
                 else:

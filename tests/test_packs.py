@@ -333,3 +333,67 @@ def test_pack_error_is_a_value_error() -> None:
 def test_source_is_not_part_of_the_schema() -> None:
     assert "source" not in Pack.model_json_schema()["properties"]
     assert "source" not in Pack.model_fields
+
+
+# ------------------------------------------------------------------ extraction and generation
+
+
+EXTRACTING = GOOD + """\
+  - id: amount
+    text: What amount of money does the message ask for?
+    extract: money
+    currency_default: GBP
+  - id: count
+    text: How many items?
+    extract: "{n}"
+    max_tokens: 5
+    none: null
+  - id: who
+    text: Who sent it?
+    extract: "{*}"
+    stop: "."
+    none: nobody
+  - id: summary
+    text: Summarise it.
+    generate: {max_tokens: 40}
+"""
+
+
+def test_extraction_and_generation_questions_expand_with_their_defaults(tmp_path: Path) -> None:
+    from spinf_stream.packs.pack import Extraction
+
+    qs = {q.id: q for q in load_pack(write(tmp_path, EXTRACTING)).expand()}
+    assert qs["spam"].extract is None and qs["spam"].choices == ("yes", "no")
+    assert qs["amount"].choices == () and qs["amount"].extract == Extraction("money", 12, "\n", "none", "GBP")
+    assert qs["count"].extract == Extraction("number", 5, "\n", None)
+    assert qs["who"].extract == Extraction("text", 24, ".", "nobody")
+    assert qs["summary"].extract == Extraction("generate", 40, "\n", None)
+
+
+def test_a_pack_of_extraction_questions_needs_no_top_level_choices(tmp_path: Path) -> None:
+    text = EXTRACTING.replace("choices: [yes, no]\n", "", 1)
+    err = load_error(tmp_path, text)  # the choice questions now have none
+    assert "questions[0] (line" in str(err) and "no choices" in str(err)
+    head, extraction_questions = text.split("  - id: spam\n")[0], "  - id: amount\n" + text.split("  - id: amount\n")[1]
+    only = load_pack(write(tmp_path, head + extraction_questions, "only.yaml"))
+    assert [q.id for q in only.expand()] == ["amount", "count", "who", "summary"]
+
+
+@pytest.mark.parametrize(("lines", "key", "says"), [
+    ("extract: money\n    choices: [a, b]", "questions[3].extract", "one of choices, extract or generate"),
+    ("extract: number\n    generate: {max_tokens: 3}", "questions[3].generate", "one of choices, extract or generate"),
+    ("extract: weight", "questions[3].extract", "unknown kind 'weight'"),
+    ("extract: number\n    max_tokens: 257", "questions[3].max_tokens", "must be 1 to 256 tokens, got 257"),
+    ("extract: number\n    max_tokens: 0", "questions[3].max_tokens", "must be 1 to 256 tokens, got 0"),
+    ("generate: {max_tokens: 0}", "questions[3].generate.max_tokens", "greater than or equal to 1"),
+    ("max_tokens: 5", "questions[3].max_tokens", "for extraction questions"),
+    ("none: nothing", "questions[3].none", "for extraction questions"),
+    ("extract: text\n    currency_default: USD", "questions[3].currency_default", "for extract: money questions"),
+    ("extract: money\n    currency_default: dollars", "questions[3].currency_default", "match pattern"),
+    ("extract: number\n    none: '  '", "questions[3].none", "must be a word"),
+])
+def test_a_bad_extraction_question_fails_at_load_naming_file_and_key(tmp_path: Path, lines: str, key: str, says: str) -> None:
+    text = GOOD + f"  - id: q\n    text: What?\n    {lines}\n"
+    err = load_error(tmp_path, text)
+    assert f"{key} (line" in str(err) and says in str(err), str(err)
+    assert len(err.problems) == 1, str(err)

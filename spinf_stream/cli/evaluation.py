@@ -264,11 +264,12 @@ def content_free_logprobs(handle: ModelHandle, pack: Pack, inputs: Sequence[str]
     engine = handle.engine(pack, token_budget)
     msgs = [Message(id=f"content-free-{i}", fields={f: s for f in pack.fields}) for i, s in enumerate(inputs)]
     records = engine.score(msgs)
-    out: dict[str, list[list[float]]] = {q.id: [] for q in engine.questions}
+    choice_questions = [q for q in engine.questions if q.extract is None]  # extractions have no choices to map
+    out: dict[str, list[list[float]]] = {q.id: [] for q in choice_questions}
     for rec in records:
         if not hasattr(rec, "scores"):
             raise ValueError(f"content-free input could not be scored: {rec.error.kind}: {rec.error.message}")
-        for q in engine.questions:
+        for q in choice_questions:
             out[q.id].append([rec.scores[q.id].choices[c].logprob for c in q.choices])
     return {qid: np.array(v, dtype=np.float64) for qid, v in out.items()}
 

@@ -106,6 +106,34 @@ class QuestionScore(BaseModel):
     choices: dict[str, ChoiceScore]
 
 
+class ExtractionScore(BaseModel):
+    """What the model wrote for an extraction (``kind`` text, number, money) or generation
+    question: greedy decoding over the tokens the kind allows at each step (docs/extraction.md).
+
+    ``probability``: the product over the emitted tokens (the stop token included when one ended
+    the value) of each step's softmax renormalised over the allowed tokens. ``logprob``: the sum
+    over the same tokens of the full-vocabulary log-probabilities (natural log).
+    ``none_probability``: at the first step, the renormalised probability of the tokens that begin
+    the pack's none word (``null`` when the question has none). ``tokens``: tokens of the value
+    (without the stop token). ``min_token_probability``: the smallest renormalised step
+    probability.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["text", "number", "money", "generate"]
+    answer: str | None = Field(description="The text as written (leading spaces dropped), or null when the model wrote the none word.")
+    value: float | str | None = Field(description="number and money: the amount as a number; text and generate: the text; null for none or a value left unfinished at max_tokens.")
+    currency: str | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
+        description="money only: the ISO 4217 code the text determines (the pack's currency_default for $ and dollars); absent otherwise.",
+    )
+    probability: float = Field(ge=0.0, le=1.0)
+    logprob: float = Field(le=0.0)
+    none_probability: Annotated[float, Field(ge=0.0, le=1.0)] | None
+    tokens: int = Field(ge=0)
+    min_token_probability: float = Field(ge=0.0, le=1.0)
+
+
 class ScoreRecord(BaseModel):
     """The score record of one message (one output line / one Kafka record value)."""
 
@@ -113,7 +141,7 @@ class ScoreRecord(BaseModel):
     id: str
     pack: PackRef
     model: ModelRef
-    scores: dict[str, QuestionScore]
+    scores: dict[str, QuestionScore | ExtractionScore]
     calibration: str | SkipJsonSchema[None] = Field(
         None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
         description="Id of the calibration applied (see spinf_stream.calibration); absent without one.",

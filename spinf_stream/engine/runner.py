@@ -7,11 +7,12 @@ bare token ids, with nothing but torch, triton and transformers installed).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from spinf_stream.engine.layout import Work, build_pass, plan_passes
+from spinf_stream.engine.decoding import ExtractionResult, Grammars, OpenExtraction, decode_message
+from spinf_stream.engine.layout import PassLayout, Work, build_pass, plan_passes
 from spinf_stream.models.decoder import Decoder, LayerKV
 from spinf_stream.engine.segment import PreparedMessage
 
@@ -21,11 +22,14 @@ class RunStats:
     """What one :meth:`Engine.run` computed: ``passes`` forward passes over ``tokens_computed``
     rows, of which ``tokens_fed`` were the messages' own tokens (a message split over passes has
     its content computed once and carried) and the rest padding of the back end's last row chunk
-    of each pass."""
+    of each pass; ``decode_passes`` of the passes were decode steps, which wrote
+    ``extracted_tokens`` tokens of extractions."""
 
     passes: int = 0
     tokens_computed: int = 0
     tokens_fed: int = 0
+    decode_passes: int = 0
+    extracted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,51 @@ def score_passes(
         Per message (in order) ``{question: [logprob per choice]}`` (float64 sums over each
         choice's tokens, in token order), and what was computed.
     """
+    sums, _, stats = run_passes(decoder, prepared, token_budget, prefix, preamble_len, n_choices)
+    return sums, stats
+
+
+def run_passes(
+    decoder: Decoder, prepared: Sequence[PreparedMessage], token_budget: int,
+    prefix: LayerKV | None, preamble_len: int, n_choices: Sequence[int], grammars: Grammars | None = None,
+) -> tuple[list[dict[int, list[float]]], list[dict[int, ExtractionResult]], RunStats]:
+    """:func:`score_passes`, and with ``grammars`` every extraction question's value
+    (:mod:`spinf_stream.engine.decoding`): the first passes read each extraction's answer cue,
+    then decode steps run until every extraction of the batch has ended.
+
+    Returns:
+        The choice logprob sums, per message ``{question: ExtractionResult}``, and what was computed.
+    """
     sums: list[dict[int, list[float]]] = [{} for _ in prepared]
-    passes = computed = fed = 0
+    extracted: list[dict[int, ExtractionResult]] = [{} for _ in prepared]
+    passes = computed = fed = decode_passes = 0
     carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
-    for works in plan_passes(prepared, token_budget):
+    specs = grammars.specs if grammars else {}
+    open_by_slot: dict[int, list[OpenExtraction]] = {}
+    plan = plan_passes(prepared, token_budget)
+    if specs:  # a message with extractions keeps its content's keys/values for its decode steps
+        plan = [[replace(w, keep_kv=True) if w.with_content and _extracts(w.message, specs) else w for w in works]
+                for works in plan]
+
+    def forward(works: list[Work]) -> tuple[PassLayout, torch.Tensor]:
+        nonlocal passes, computed, fed
         layout = build_pass(works, preamble_len)
         chunks = decoder.backend.row_chunks(layout.n_tokens)
         passes, fed = passes + 1, fed + layout.n_tokens
         computed += chunks[-1].stop if chunks else 0
         hidden, kept = decoder.forward(layout, prefix, [carried[w.slot] for w in works if not w.with_content])
         carried.update(zip((w.slot for w in works if w.keep_kv), kept))
+        return layout, hidden
+
+    def step(layout: PassLayout, hidden: torch.Tensor, tips: list[tuple[OpenExtraction, int]]) -> None:
+        assert grammars is not None
+        rows = torch.tensor([r for _, r in tips], dtype=torch.int64)
+        logits, lse = decoder.read_logits(hidden, rows)
+        for i, (o, _) in enumerate(tips):
+            o.step(logits[i], lse[i], grammars.vocab)
+
+    for works in plan:
+        layout, hidden = forward(works)
         reads = list(_reads(works, layout.read_offsets))
         lps = decoder.token_logprobs(
             hidden,
@@ -83,7 +122,51 @@ def score_passes(
         for r, lp in zip(reads, lps):
             per_q = sums[r.slot].setdefault(r.question, [0.0] * n_choices[r.question])
             per_q[r.choice] += lp  # float64 sum in token order: deterministic
+        tips = []
+        for w, offsets in zip(works, layout.read_offsets):
+            for bi, off in zip(w.branches, offsets):
+                b = w.message.branches[bi]
+                if b.question in specs:
+                    assert grammars is not None
+                    o = OpenExtraction(w.slot, b.question, specs[b.question], grammars.grammars[b.question], b,
+                                       grammars.grammars[b.question].start)
+                    open_by_slot.setdefault(w.slot, []).append(o)
+                    tips.append((o, off))  # the branch's one read: its last token
+        if tips:
+            step(layout, hidden, tips)
         for w in works:
-            if w.last:
+            if w.last and w.slot not in open_by_slot:
                 carried.pop(w.slot, None)
-    return sums, RunStats(passes, computed, fed)
+    # decode steps: one pass (or more, under the budget) over the tips of every open extraction
+    while True:
+        for slot in [s for s, os in open_by_slot.items() if all(o.done for o in os)]:
+            for o in open_by_slot.pop(slot):
+                extracted[slot][o.question] = o.result()
+            carried.pop(slot, None)
+        if not open_by_slot:
+            break
+        works, used = [], 0
+        batch: list[list[Work]] = []
+        for slot, os in open_by_slot.items():
+            live = [o for o in os if not o.done]
+            w = Work(decode_message(prepared[slot], live), tuple(range(len(live))), slot, with_content=False)
+            if works and used + w.n_tokens > token_budget:
+                batch.append(works)
+                works, used = [], 0
+            works.append(w)
+            used += w.n_tokens
+        batch.append(works)
+        for works in batch:
+            layout, hidden = forward(works)
+            decode_passes += 1
+            tips = []
+            for w, offsets in zip(works, layout.read_offsets):
+                live = [o for o in open_by_slot[w.slot] if not o.done]
+                tips.extend(zip(live, offsets))
+            step(layout, hidden, tips)
+    return sums, extracted, RunStats(passes, computed, fed, decode_passes,
+                                     sum(o.tokens for per in extracted for o in per.values()))
+
+
+def _extracts(m: PreparedMessage, specs: dict[int, object]) -> bool:
+    return any(b.question in specs for b in m.branches)

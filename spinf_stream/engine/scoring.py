@@ -23,7 +23,8 @@ from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
 from spinf_stream.models import Decoder, load_decoder
 from spinf_stream.models.decoder import LayerKV
-from spinf_stream.engine.runner import RunStats, score_passes
+from spinf_stream.engine.decoding import ExtractionResult, Grammars
+from spinf_stream.engine.runner import RunStats, run_passes
 from spinf_stream.packs import Pack, load_pack
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.models import numerics
@@ -109,6 +110,7 @@ class Engine:
         self.calibration = calibration
         self._maps = calibration.bind(self.questions) if calibration else [None] * len(self.questions)
         self.prefix: LayerKV | None = self._prefill_preamble()
+        self.grammars = _grammars(self.questions, tokenizer)
         self.last_run = RunStats()  # of the latest run(); read by the stream's telemetry
 
     @classmethod
@@ -219,11 +221,11 @@ class Engine:
 
         Returns one :class:`ScoreRecord` per message, in the given order.
         """
-        sums, self.last_run = score_passes(
+        sums, extracted, self.last_run = run_passes(
             self.decoder, prepared, self.token_budget, self.prefix, self.preamble_len,
-            [len(q.choices) for q in self.questions],
+            [len(q.choices) for q in self.questions], self.grammars,
         )
-        return [self._record(p, sums[i]) for i, p in enumerate(prepared)]
+        return [self._record(p, sums[i], extracted[i]) for i, p in enumerate(prepared)]
 
     def run_iter(self, prepared: Sequence[PreparedMessage]) -> Iterator[list[ScoreRecord]]:
         """Like :meth:`run`, but yields as it goes: the records of about one forward pass at a time
@@ -243,9 +245,17 @@ class Engine:
         if group:
             yield self.run(group)
 
-    def _record(self, p: PreparedMessage, sums: dict[int, list[float]]) -> ScoreRecord:
+    def _record(self, p: PreparedMessage, sums: dict[int, list[float]], extracted: dict[int, ExtractionResult]) -> ScoreRecord:
         scores: dict[str, Any] = {}
         for qi, q in enumerate(self.questions):
+            if q.extract is not None:
+                e = extracted[qi]
+                scores[q.id] = {
+                    "kind": e.kind, "answer": e.answer, "value": e.value, "probability": e.probability,
+                    "logprob": e.logprob, "none_probability": e.none_probability, "tokens": e.tokens,
+                    "min_token_probability": e.min_token_probability,
+                } | ({"currency": e.currency} if e.currency is not None else {})
+                continue
             lps = sums[qi]
             cs = choice_scores(lps)
             choices = {label: {"probability": pr, "logprob": lp, "floor": fl} for label, (pr, lp, fl) in zip(q.choices, cs)}
@@ -276,3 +286,23 @@ class Engine:
         ok = [p for p in items if isinstance(p, PreparedMessage)]
         done = iter(self.run(ok))
         return [next(done) if isinstance(p, PreparedMessage) else p for p in items]
+
+
+def _grammars(questions: Sequence[Any], tokenizer: Any) -> Grammars | None:
+    """Each extraction question's token grammar over the tokenizer's vocabulary (built once per
+    engine), or ``None`` for a pack of choice questions only."""
+    specs = {i: q.extract for i, q in enumerate(questions) if q.extract is not None}
+    if not specs:
+        return None
+    from spinf_stream.engine.grammar import GrammarSpec, TokenGrammar, token_bytes
+
+    vocab = token_bytes(tokenizer)
+    eos = {i for i in (tokenizer.eos_token_id,) if i is not None}
+    built: dict[Any, TokenGrammar] = {}
+    grammars = {}
+    for i, x in specs.items():
+        spec = GrammarSpec("text" if x.kind == "generate" else x.kind, x.none, x.stop, x.currency_default)
+        if spec not in built:
+            built[spec] = TokenGrammar.build(spec, vocab, eos)
+        grammars[i] = built[spec]
+    return Grammars(specs, grammars, vocab)

@@ -171,6 +171,8 @@ class Segmenter:
         self.questions = pack.expand()
         self.q_texts = [pack.render_question(q) for q in self.questions]
         self.suffixes = [[pack.answer_prefix + c for c in q.choices] for q in self.questions]
+        # positions an extraction question's answer may take after its branch
+        self.written = [q.extract.max_tokens if q.extract else 0 for q in self.questions]
         # chars of each question's text that question 0's text starts with too
         self.shared_chars = [_common_prefix_len(self.q_texts[0], t) for t in self.q_texts]
         # tokens of prompt tails: the pack's text after a seam repeats from message to message
@@ -350,7 +352,7 @@ class Segmenter:
 
     def _check_length(self, before_branches: int, branches: Sequence[Branch]) -> None:
         """Step 4: the prompt and its longest branch must fit the model's context."""
-        longest = max(max(b.depths) + 1 for b in branches)
+        longest = max(max(b.depths) + 1 + self.written[b.question] for b in branches)
         total = before_branches + longest
         if total > self.max_positions:
             raise LayoutError(

@@ -272,3 +272,10 @@ class Decoder:
             ``logits = softcap(lm_head(hidden))`` (natural log).
         """
         return self.backend.token_logprobs(hidden, self.lm_head, self.spec.final_softcap, rows, tokens)
+
+    @torch.inference_mode()
+    def read_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full-vocabulary logits ``[N, V]`` and their logsumexp ``[N]`` (fp32, CPU) at
+        ``hidden[rows]`` (``rows [N]`` int64): ``logits - lse`` are the log-probabilities
+        :meth:`token_logprobs` reads, bit for bit."""
+        return self.backend.read_logits(hidden, self.lm_head, self.spec.final_softcap, rows)

@@ -154,5 +154,13 @@ class Backend:
         ``lm_head [V, H]``, ``rows``/``tokens`` ``[N]`` int64."""
         raise NotImplementedError
 
+    def read_logits(
+        self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The full-vocabulary logits ``[N, V]`` fp32 and their logsumexp ``[N]`` fp32 of hidden
+        rows ``rows [N]`` int64, on the CPU: the numbers :meth:`token_logprobs` reads,
+        ``logits[i, t] - lse[i]`` bitwise equal to its logprob of token ``t`` at ``rows[i]``."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release the back end's threads (if any)."""

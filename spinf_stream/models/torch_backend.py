@@ -15,7 +15,7 @@ rests on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -129,12 +129,32 @@ class TorchBackend(Backend):
     def token_logprobs(
         self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor, tokens: torch.Tensor,
     ) -> torch.Tensor:
+        out = torch.empty(rows.shape[0], dtype=torch.float32)
+        for sel, local, logits, lse in self._head_groups(hidden, lm_head, softcap, rows):
+            out[sel] = (logits[local, tokens[sel]] - lse[local]).cpu()
+        return out
+
+    def read_logits(
+        self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits_out = torch.empty(rows.shape[0], lm_head.shape[0], dtype=torch.float32)
+        lse_out = torch.empty(rows.shape[0], dtype=torch.float32)
+        for sel, local, logits, lse in self._head_groups(hidden, lm_head, softcap, rows):
+            logits_out[sel] = logits[local].cpu()
+            lse_out[sel] = lse[local].cpu()
+        return logits_out, lse_out
+
+    def _head_groups(
+        self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per group of :data:`~spinf_stream.models.ops.HEAD_GROUP` hidden rows that ``rows``
+        reads: ``(sel [N] bool, local [n] rows in the group, logits [g, V] fp32, lse [g])``, the
+        logits in ``HEAD_ROWS`` x ``HEAD_COLUMNS`` tiles on the workers."""
         from kernels import logsumexp_ref
 
-        out = torch.empty(rows.shape[0], dtype=torch.float32)
         n_hidden, vocab = hidden.shape[0], lm_head.shape[0]
         if rows.numel() == 0:
-            return out
+            return
         padded = hidden.new_zeros(_round_up(n_hidden, HEAD_ROWS), hidden.shape[1])
         padded[:n_hidden] = hidden
         columns = [slice(c, min(c + HEAD_COLUMNS, vocab)) for c in range(0, vocab, HEAD_COLUMNS)]
@@ -155,9 +175,7 @@ class TorchBackend(Backend):
 
             self.map(tile, [(r, c) for r in chunks for c in columns])
             lse = torch.cat(self.map(lambda r, _: logsumexp_ref(logits[r.start - g0 : r.stop - g0]), chunks))
-            local = rows[sel] - g0
-            out[sel] = (logits[local, tokens[sel]] - lse[local]).cpu()
-        return out
+            yield sel, rows[sel] - g0, logits, lse
 
     def close(self) -> None:
         if self._pool is not None:

@@ -116,6 +116,24 @@ class TritonBackend(Backend):
             out[sel] = (logits[r, tokens[sel].to(logits.device)] - lse[r]).cpu()
         return out
 
+    def read_logits(
+        self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from kernels import logsumexp_triton
+
+        logits_out = torch.empty(rows.shape[0], lm_head.shape[0], dtype=torch.float32)
+        lse_out = torch.empty(rows.shape[0], dtype=torch.float32)
+        for c0 in range(0, hidden.shape[0], HEAD_GROUP):
+            c1 = min(c0 + HEAD_GROUP, hidden.shape[0])
+            sel = (rows >= c0) & (rows < c1)
+            if not bool(sel.any()):
+                continue
+            logits = apply_softcap(self.linear(hidden[c0:c1], lm_head).float(), softcap)
+            lse = logsumexp_triton(logits)
+            r = (rows[sel] - c0).to(logits.device)
+            logits_out[sel], lse_out[sel] = logits[r].cpu(), lse[r].cpu()
+        return logits_out, lse_out
+
 
 class CublasBackend(TritonBackend):
     """:class:`TritonBackend` with cuBLAS GEMMs (not batch-invariant; for measuring only)."""

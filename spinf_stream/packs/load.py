@@ -120,9 +120,14 @@ def _describe(value: Any) -> str:
 
 def _problems(exc: ValidationError, root: yaml.Node | None) -> list[tuple[str, int | None, str]]:
     out = []
-    for err in exc.errors():
+    errors = exc.errors()
+    # pydantic also reports a list whose items all failed as too short: the items' errors say it
+    bad_items = any(tuple(e["loc"])[:1] == ("questions",) and len(e["loc"]) > 1 for e in errors)
+    for err in errors:
         loc: Loc = tuple(err["loc"])
         kind = err["type"]
+        if bad_items and kind == "too_short" and loc == ("questions",):
+            continue
         inner = (err.get("ctx") or {}).get("error")
         if isinstance(inner, _AtKey):
             loc, msg = loc + inner.loc, inner.message

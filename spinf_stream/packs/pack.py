@@ -9,7 +9,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     preamble: "..."                             # optional; literal text, identical for every message
     prompt: "Text message: {text}\\n"            # content part; {field} = a field of the input message (any name, one or more)
     question: "Question: {question}\\nAnswer:"   # branch part; {question} = the question's text
-    choices: [yes, no]                          # default choice labels
+    choices: [yes, no]                          # default choice labels (optional when every question has its own)
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
     special_tokens_in_fields: plain             # optional; plain (default) or parse, see below
     questions:
@@ -21,6 +21,19 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
       - id: tone
         text: What is the tone of the message?
         choices: [friendly, neutral, hostile]   # per-question override
+      - id: amount
+        text: What amount of money does the message ask for?
+        extract: money                          # instead of choices: text | number | money ({*} {n} {$})
+        max_tokens: 12                          # optional (defaults: text 24, number and money 12; 1..256)
+        stop: "\n"                              # optional, default newline
+        none: none                              # optional: the word for "no such value"; null turns it off
+        currency_default: USD                   # optional, money only: the currency of "$" and "dollars"
+      - id: summary
+        text: Summarise the message in one line.
+        generate: {max_tokens: 40}              # free text, greedy; optional stop
+
+An extraction or generation question has no choices: its record gives the value the model wrote,
+greedy over the tokens its kind allows, with that value's probability (``docs/packs.md``).
 
 Templates (``prompt``, ``question``, a question's ``id`` and ``text``) use ``str.format`` syntax
 for the template only: ``{name}`` is a placeholder, ``{{``/``}}`` are literal braces, and no
@@ -126,13 +139,48 @@ def _check_choices(labels: Sequence[str]) -> None:
 # --------------------------------------------------------------------------------------- models
 
 
+#: the kinds of value a question may ask the model to write, and their shorthands
+EXTRACT_KINDS = {"text": "text", "number": "number", "money": "money", "{*}": "text", "{n}": "number", "{$}": "money"}
+#: ``max_tokens`` when a question does not set it
+DEFAULT_MAX_TOKENS = {"text": 24, "number": 12, "money": 12}
+MAX_TOKENS_LIMIT = 256
+#: what ``none:`` reads as "no none word" (every YAML scalar reaches the schema as a string)
+_NULLS = ("null", "~", "Null", "NULL")
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """What an extraction (``kind`` text, number, money) or generation (``kind`` generate)
+    question asks the model to write: at most ``max_tokens`` tokens, ending at ``stop`` or EOS;
+    ``none`` the word meaning "no such value" (``None``: that path is off; always ``None`` for
+    generate); ``currency_default`` the ISO code of ``$``/dollars (money only)."""
+
+    kind: Literal["text", "number", "money", "generate"]
+    max_tokens: int
+    stop: str = "\n"
+    none: str | None = "none"
+    currency_default: str | None = None
+
+
 @dataclass(frozen=True)
 class ExpandedQuestion:
-    """One question after placeholder expansion: ``id`` is the key of ``scores``."""
+    """One question after placeholder expansion: ``id`` is the key of ``scores``. A choice
+    question has ``choices`` and ``extract is None``; an extraction or generation question has
+    ``choices == ()`` and its :class:`Extraction`."""
 
     id: str
     text: str
     choices: tuple[str, ...]
+    extract: Extraction | None = None
+
+
+class GenerateSpec(BaseModel):
+    """A question's ``generate:`` mapping: free text, greedy, at most ``max_tokens`` tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+    stop: Annotated[str, Field(min_length=1)] | None = None
 
 
 class QuestionSpec(BaseModel):
@@ -144,6 +192,58 @@ class QuestionSpec(BaseModel):
     text: Annotated[str, Field(min_length=1)]
     vars: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     choices: tuple[str, ...] | None = None
+    extract: str | None = None
+    generate: GenerateSpec | None = None
+    max_tokens: int | None = None
+    stop: Annotated[str, Field(min_length=1)] | None = None
+    none: str | None = None
+    currency_default: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] | None = None
+
+    @field_validator("extract")
+    @classmethod
+    def _extract_ok(cls, v: str | None) -> str | None:
+        if v is not None and v not in EXTRACT_KINDS:
+            raise ValueError(f"unknown kind {v!r}: use one of text, number, money (or {{*}}, {{n}}, {{$}})")
+        return v
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens_ok(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"must be 1 to {MAX_TOKENS_LIMIT} tokens, got {v}")
+        return v
+
+    @field_validator("none")
+    @classmethod
+    def _none_ok(cls, v: str | None) -> str | None:
+        if v is not None and v not in _NULLS and v.strip() == "":
+            raise ValueError("must be a word (or null to turn the no-value path off)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind_of_answer(self) -> QuestionSpec:
+        kinds = [k for k in ("choices", "extract", "generate") if getattr(self, k) is not None]
+        if len(kinds) > 1:
+            raise _AtKey((kinds[1],), f"a question has one of choices, extract or generate, not {' and '.join(kinds)}")
+        extract_only = {"max_tokens": self.max_tokens, "stop": self.stop, "none": self.none,
+                        "currency_default": self.currency_default}
+        for key, value in extract_only.items():
+            if value is not None and self.extract is None:
+                raise _AtKey((key,), f"{key} is for extraction questions (with extract: text, number or money)")
+        if self.currency_default is not None and EXTRACT_KINDS.get(self.extract or "") != "money":
+            raise _AtKey(("currency_default",), "currency_default is for extract: money questions")
+        return self
+
+    def extraction(self) -> Extraction | None:
+        """The question's :class:`Extraction` (``None`` for a choice question)."""
+        if self.generate is not None:
+            return Extraction("generate", self.generate.max_tokens, self.generate.stop or "\n", None)
+        if self.extract is None:
+            return None
+        kind = EXTRACT_KINDS[self.extract]
+        none = "none" if self.none is None else (None if self.none in _NULLS else self.none)
+        return Extraction(kind, self.max_tokens or DEFAULT_MAX_TOKENS[kind], self.stop or "\n", none,  # type: ignore[arg-type]
+                          self.currency_default)
 
     @field_validator("id", "text")
     @classmethod
@@ -186,13 +286,14 @@ class QuestionSpec(BaseModel):
 
     def expand(self, default_choices: tuple[str, ...]) -> list[ExpandedQuestion]:
         """The grid, in ``itertools.product`` order over ``vars`` in their file order."""
-        choices = self.choices if self.choices is not None else default_choices
+        extraction = self.extraction()
+        choices = () if extraction else self.choices if self.choices is not None else default_choices
         id_t, text_t = _parse_template(self.id), _parse_template(self.text)
         names = list(self.vars)
         out = []
         for combo in itertools.product(*(self.vars[n] for n in names)):
             values = dict(zip(names, combo))
-            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices))
+            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction))
         return out
 
 
@@ -207,7 +308,7 @@ class Pack(BaseModel):
     preamble: str = ""
     prompt: str
     question: str
-    choices: tuple[str, ...]
+    choices: tuple[str, ...] | None = None
     answer_prefix: str = " "
     special_tokens_in_fields: Literal["plain", "parse"] = "plain"
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
@@ -239,8 +340,9 @@ class Pack(BaseModel):
 
     @field_validator("choices")
     @classmethod
-    def _choices_ok(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        _check_choices(v)
+    def _choices_ok(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None:
+            _check_choices(v)
         return v
 
     @model_validator(mode="after")
@@ -251,7 +353,10 @@ class Pack(BaseModel):
         expanded: list[ExpandedQuestion] = []
         first_seen: dict[str, int] = {}
         for i, spec in enumerate(self.questions):
-            for q in spec.expand(self.choices):
+            if self.choices is None and spec.choices is None and spec.extraction() is None:
+                raise _AtKey(("questions", i), "no choices: give this question choices, extract or generate, "
+                                                "or the pack top-level choices")
+            for q in spec.expand(self.choices or ()):
                 if q.id in first_seen:
                     j = first_seen[q.id]
                     where = "this same question" if j == i else f"questions[{j}]"

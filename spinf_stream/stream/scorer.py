@@ -256,7 +256,8 @@ def run_measured(
     seconds = time.perf_counter() - t0
     if isinstance(scorer, ReportsWork):
         last = scorer.last_run
-        work = EngineWork(last.passes, last.tokens_computed)
+        work = EngineWork(last.passes, last.tokens_computed, getattr(last, "decode_passes", None),
+                          getattr(last, "extracted_tokens", None))
     else:
         work = EngineWork(None, None)
     return records, seconds, work

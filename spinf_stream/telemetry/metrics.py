@@ -139,6 +139,15 @@ METRICS: tuple[MetricSpec, ...] = (
         "How many forward passes has the engine run? (tokens computed / passes = tokens per pass)",
     ),
     MetricSpec(
+        "spinf.decode.passes", "counter", "{pass}",
+        "How many of those passes were decode steps of extraction and generation questions (one per token of "
+        "a batch's longest extraction)?",
+    ),
+    MetricSpec(
+        "spinf.tokens.extracted", "counter", "{token}",
+        "How many tokens have extraction and generation questions written?",
+    ),
+    MetricSpec(
         "spinf.tokens.computed", "counter", "{token}",
         "How many tokens went through the model, padding and recomputed content included?",
     ),

@@ -74,10 +74,13 @@ class Sample:
 @dataclass(frozen=True, slots=True)
 class EngineWork:
     """What the engine computed for one batch: ``passes`` forward passes over ``tokens_computed``
-    tokens (``None``: the engine does not say)."""
+    tokens, ``decode_passes`` of them decode steps that wrote ``extracted_tokens`` tokens
+    (``None``: the engine does not say)."""
 
     passes: int | None = None
     tokens_computed: int | None = None
+    decode_passes: int | None = None
+    extracted_tokens: int | None = None
 
 
 class BatchTrace:
@@ -260,6 +263,10 @@ class StreamTelemetry:
         self._questions += questions
         if work.passes is not None:
             i["spinf.forward.passes"].add(work.passes)
+        if work.decode_passes is not None:
+            i["spinf.decode.passes"].add(work.decode_passes)
+        if work.extracted_tokens is not None:
+            i["spinf.tokens.extracted"].add(work.extracted_tokens)
         i["spinf.tokens.useful"].add(useful_tokens)
         i["spinf.tokens.computed"].add(work.tokens_computed if work.tokens_computed is not None else useful_tokens)
         if batch.span is None or self._tracer is None:

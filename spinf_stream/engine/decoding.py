@@ -1,0 +1,164 @@
+"""Extraction and generation: greedy decode steps over every open extraction of a batch.
+
+The first passes read each extraction question's answer cue like a choice question's; from
+there a *decode step* is one forward pass over the tips of all open extractions of the batch
+(every message, every question), each a branch of its message — the question's tokens, then the
+tokens written so far — after the message's content, whose keys/values its first pass kept. So a
+batch costs its longest extraction's token count in extra passes, not one pass per question.
+At each step the next token is the most probable of those the question's kind allows
+(:mod:`spinf_stream.engine.grammar`; ties to the lowest token id), with its probability
+renormalised over that set.
+
+A step's numbers are a function of the message alone: its carried content, its branch, and the
+width of its longest open branch (which only its own earlier steps decide), so an extraction is
+as batch-invariant as a choice (``docs/invariance.md``). The question's tokens are recomputed at
+every step (a small branch); keeping their keys/values too is left for later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from spinf_stream.engine.grammar import TokenGrammar
+from spinf_stream.engine.segment import Branch, PreparedMessage
+from spinf_stream.packs.pack import Extraction
+
+
+@dataclass(frozen=True)
+class ExtractionResult:
+    """What one extraction question got for one message (see ``ExtractionScore``)."""
+
+    kind: str
+    answer: str | None
+    value: float | str | None
+    currency: str | None
+    probability: float
+    logprob: float
+    none_probability: float | None
+    tokens: int
+    min_token_probability: float
+
+
+@dataclass
+class Grammars:
+    """Each extraction question's grammar over one vocabulary; ``vocab[i]`` token i's bytes."""
+
+    specs: dict[int, Extraction]  # question index -> its extraction
+    grammars: dict[int, TokenGrammar]
+    vocab: Sequence[bytes]
+
+
+@dataclass
+class OpenExtraction:
+    """One (message, extraction question) being decoded: ``base`` its question's branch."""
+
+    slot: int
+    question: int
+    spec: Extraction
+    grammar: TokenGrammar
+    base: Branch
+    state: int
+    written: list[int] = field(default_factory=list)
+    text: bytearray = field(default_factory=bytearray)
+    log_probability: float = 0.0  # sum of the renormalised step log-probabilities
+    logprob: float = 0.0  # sum of the full-vocabulary ones
+    min_p: float = 1.0
+    none_probability: float | None = None
+    done: bool = False
+    stopped: bool = False  # ended by a stop token (not by max_tokens)
+
+    def branch(self) -> Branch:
+        """The question's tokens and the tokens written so far, as one chain read at its tip."""
+        tokens = self.base.tokens + tuple(self.written)
+        n = len(tokens)
+        return Branch(self.question, tokens, tuple(range(-1, n - 1)), tuple(range(n)), (n - 1,), ())
+
+    def step(self, logits: torch.Tensor, lse: torch.Tensor, vocab: Sequence[bytes]) -> None:
+        """Choose the next token from this step's ``logits [V]`` fp32 (``lse`` their logsumexp).
+
+        number/money: greedy over the grammar's allowed ids, renormalised with ``math.fsum``
+        (correctly rounded, so the sum's order does not matter). text/generate: every token is
+        allowed, so the renormalised probability is the full-vocabulary one.
+        """
+        full = self.spec.kind in ("text", "generate")
+        if full:
+            pick = int(torch.argmax(logits))  # the first maximum: the lowest id
+            lp = float(logits[pick] - lse)
+            p = math.exp(lp)
+            if not self.written and self.spec.none is not None:
+                self.none_probability = _clamp(math.fsum(
+                    math.exp(float(logits[t] - lse)) for t in _none_starts(vocab, self.spec.none, None)))
+        else:
+            allowed = self.grammar.allowed(self.state)
+            if allowed.numel() == 0:  # nothing can follow (the grammar's tables keep no such state)
+                self.done = True
+                return
+            values = logits[allowed].tolist()
+            best = max(range(len(values)), key=values.__getitem__)  # first maximum: lowest id
+            pick = int(allowed[best])
+            top = values[best]
+            total = math.fsum(math.exp(v - top) for v in values)
+            p = 1.0 / total
+            lp = float(logits[pick] - lse)
+            if not self.written and self.spec.none is not None:
+                starts = set(_none_starts(vocab, self.spec.none, allowed.tolist()))
+                self.none_probability = _clamp(math.fsum(
+                    math.exp(v - top) for t, v in zip(allowed.tolist(), values) if t in starts) / total)
+        self.log_probability += math.log(p) if p > 0 else -math.inf
+        self.logprob += lp
+        self.min_p = min(self.min_p, p)
+        if self._is_stop(pick, vocab):
+            self.done = self.stopped = True
+            return
+        if not full:
+            self.state = self.grammar.advance(self.state, pick)
+        self.written.append(pick)
+        self.text += vocab[pick]
+        stop = self.spec.stop.encode()
+        if full and stop in self.text:
+            del self.text[self.text.index(stop):]
+            self.done = self.stopped = True
+        elif len(self.written) >= self.spec.max_tokens:
+            self.done = True
+
+    def _is_stop(self, token: int, vocab: Sequence[bytes]) -> bool:
+        if self.spec.kind in ("text", "generate"):
+            return vocab[token] == b"" or self.grammar.is_stop(token)
+        return self.grammar.is_stop(token)
+
+    def result(self) -> ExtractionResult:
+        got = self.grammar.finish(self.state if self.spec.kind not in ("text", "generate") else None, bytes(self.text))
+        return ExtractionResult(
+            kind=self.spec.kind, answer=got.answer, value=got.value,
+            currency=got.currency if self.spec.kind == "money" else None,
+            probability=_clamp(math.exp(self.log_probability)), logprob=min(self.logprob, 0.0),
+            none_probability=self.none_probability, tokens=len(self.written), min_token_probability=_clamp(self.min_p),
+        )
+
+
+def _clamp(p: float) -> float:
+    return min(max(p, 0.0), 1.0)
+
+
+def _none_starts(vocab: Sequence[bytes], none: str, among: Sequence[int] | None) -> list[int]:
+    """Token ids (of ``among``, or of the whole vocabulary) whose text, leading spaces dropped,
+    is a non-empty prefix of the none word."""
+    word = none.encode()
+    ids = range(len(vocab)) if among is None else among
+    out = []
+    for t in ids:
+        b = vocab[t].lstrip(b" ")
+        if b and word.startswith(b):
+            out.append(t)
+    return out
+
+
+def decode_message(message: PreparedMessage, open_ones: Sequence[OpenExtraction]) -> PreparedMessage:
+    """The message as a decode step sees it: its content (carried) and one branch per open
+    extraction, in question order."""
+    return PreparedMessage(message.index, message.id, message.content, message.use_preamble, message.prefix_len,
+                           tuple(o.branch() for o in open_ones))

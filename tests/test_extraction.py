@@ -1,0 +1,280 @@
+"""Extraction and generation from the same read, against transformers' own greedy ``generate``.
+
+For every family (tiny random-weight models of each family's code, with the real tokenizers): a
+pack of choice, number, money, text and generate questions; each extraction's tokens, its summed
+full-vocabulary logprob, its renormalised probability and its none probability equal to
+``generate`` on the question's whole prompt with a logits processor that masks the tokens the
+kind's grammar allows. The allowed sets here come from regular expressions written in this file
+from the definition (``docs/extraction.md``), matched with the ``regex`` package's partial
+matching over each token's bytes — not from the project's grammar module. Then: records bitwise
+equal alone, batched, reversed and at budgets that split a message's branches and decode steps.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import orjson
+import pytest
+import regex
+import torch
+from oracle import load_hf, prompt_pieces, prompt_tokens
+
+from spinf_stream.engine import Engine, Message
+from spinf_stream.packs import load_pack
+from tiny import FAMILIES
+
+PACK = """\
+name: extracting
+version: "1"
+description: choice, number, money, text and generate questions of one message
+preamble: "Read the message and answer.\\n\\n"
+prompt: "Message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this message spam?
+  - id: count
+    text: How many items does it mention?
+    extract: number
+    max_tokens: 6
+  - id: amount
+    text: What amount of money does it ask for?
+    extract: money
+    max_tokens: 8
+  - id: who
+    text: Who wrote it?
+    extract: text
+    max_tokens: 5
+  - id: gist
+    text: What is it about?
+    generate: {max_tokens: 4}
+"""
+
+MESSAGES = [
+    "Pay £250 now",
+    "You won $1,000",
+    "You won $1,000! Call 0800 123 4567 to claim your prize before Friday.",
+    "Pay £49.99 now or your account will be closed. Regards, the bank",
+    "Hi mum, 3 parcels arrived, one was €1.200,50 in customs fees?!",
+    "see you at 5",
+]
+
+# --------------------------------------------------------------------- the grammars, by definition
+
+_D = rb"[0-9]"
+_THIN = "(?:\u2009|\u202f)".encode()
+_NUM = (rb"(?:[1-9]" + _D + rb"{0,2}(?:," + _D + rb"{3})+(?:\." + _D + rb"+)?"
+        rb"|[1-9]" + _D + rb"{0,2}(?:\." + _D + rb"{3})+(?:," + _D + rb"+)?"
+        rb"|[1-9]" + _D + rb"{0,2}(?:" + _THIN + _D + rb"{3})+(?:\." + _D + rb"+)?"
+        rb"|" + _D + rb"+(?:[.,]" + _D + rb"+)?)")
+_SIGN = "(?:-|\\+|\u2212)?".encode()
+_SYMBOL = "(?:£|\\$|€|¥|₹|₩|₽|₺)".encode()
+_CODES = b"(?:USD|GBP|EUR|JPY|CNY|INR|KRW|RUB|TRY|AUD|CAD|CHF|NZD|HKD|SGD|SEK|NOK|DKK|PLN|ZAR|BRL|MXN|AED|SAR)"
+_WORDS = (b"(?:dollars?|pounds?|euros?|rupees?|yen|won|rubles?|roubles?|lira|yuan|francs?)")
+NUMBER = _SIGN + _NUM + b"%?"
+MONEY = _SIGN + b"(?:(?:" + _SYMBOL + b"|" + _CODES + b") ?" + _NUM + b"|" + _NUM + b" ?(?:" + _SYMBOL + b"|" + _CODES + b"|" + _WORDS + b"))"
+
+
+def _definition(kind: str) -> regex.Pattern:
+    body = NUMBER if kind == "number" else MONEY
+    return regex.compile(b" *(?:" + body + b"|none)")
+
+
+def _token_bytes(tok) -> list[bytes]:
+    """Each token's bytes, from the tokenizer's own token strings: byte-level BPE through GPT-2's
+    byte map, SentencePiece through '▁' and <0xNN>; special tokens b""."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+    spm = any(p.startswith("▁") for p in pieces[:5000] if p)
+    out = []
+    for i, p in enumerate(pieces):
+        if i in special or p is None:
+            out.append(b"")
+        elif spm:
+            m = regex.fullmatch(r"<0x([0-9A-F]{2})>", p)
+            out.append(bytes([int(m.group(1), 16)]) if m else p.replace("▁", " ").encode())
+        else:
+            out.append(bytes(byte_of[c] for c in p) if all(c in byte_of for c in p) else p.encode())
+    return out
+
+
+class _Allowed:
+    """The allowed next tokens of one kind after the bytes written so far (by the definition)."""
+
+    def __init__(self, kind: str, vocab: list[bytes], eos: int) -> None:
+        self.pattern = _definition(kind)
+        alphabet = set(b" 0123456789,.%+-") | set("\u2212\u2009\u202f£$€¥₹₩₽₺".encode())
+        alphabet |= set(b"USDGBPEURJPYCNYINRKRWRUBTRYAUDCADCHFNZDHKDSGDSEKNOKDKKPLNZARBRLMXNAEDSAR")
+        alphabet |= set(b"dollarspoundeurosrupeyenwbluiaxfcn")
+        self.vocab = vocab
+        self.candidates = [t for t, b in enumerate(vocab) if b and set(b) <= alphabet]
+        self.stops = sorted({eos} | {t for t, b in enumerate(vocab) if b.startswith(b"\n")})
+
+    def __call__(self, written: bytes) -> list[int]:
+        ok = [t for t in self.candidates if self.pattern.fullmatch(written + self.vocab[t], partial=True)]
+        if written.strip(b" ") and self.pattern.fullmatch(written):
+            ok += self.stops
+        return sorted(set(ok))
+
+
+def _oracle(hf, tok, pack, fields: dict, question, vocab: list[bytes]) -> dict:
+    """transformers' greedy generate on the question's whole prompt, masked to the allowed set."""
+    from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    ids = prompt_tokens(tok, [*prompt_pieces(pack, fields), (pack.render_question(question), False)], "plain")
+    x = question.extract
+    full = x.kind in ("text", "generate")
+    allowed = None if full else _Allowed(x.kind, vocab, tok.eos_token_id)
+    n0 = len(ids)
+    sets: list[list[int] | None] = []
+
+    class Mask(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            written = b"".join(vocab[t] for t in input_ids[0, n0:].tolist())
+            if allowed is None:
+                sets.append(None)
+                return scores
+            keep = allowed(written)
+            sets.append(keep)
+            masked = torch.full_like(scores, -math.inf)
+            masked[:, keep] = scores[:, keep]
+            return masked
+
+    class TextStop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kw):
+            last = input_ids[0, -1].item()
+            text = b"".join(vocab[t] for t in input_ids[0, n0:].tolist())
+            return torch.tensor([input_ids.shape[1] > n0 and (vocab[last] == b"" or x.stop.encode() in text)])
+
+    stops = [tok.eos_token_id] if full else allowed.stops
+    out = hf.generate(
+        torch.tensor([ids]), max_new_tokens=x.max_tokens, do_sample=False, logits_processor=LogitsProcessorList([Mask()]),
+        stopping_criteria=StoppingCriteriaList([TextStop()] if full else []), eos_token_id=stops,
+        pad_token_id=tok.eos_token_id, output_logits=True, return_dict_in_generate=True, top_k=None, top_p=None,
+    )
+    new = out.sequences[0, n0:].tolist()
+    logprob, log_p, none_p = 0.0, 0.0, None
+    for step, (t, raw) in enumerate(zip(new, out.logits)):
+        lsm = torch.log_softmax(raw[0].float(), -1)
+        logprob += float(lsm[t])
+        keep = sets[step]
+        if keep is None:
+            log_p += float(lsm[t])
+        else:
+            vals = raw[0, keep].double()
+            log_p += float(raw[0, t].double() - torch.logsumexp(vals, 0))
+        if step == 0 and x.none is not None:
+            starts = [k for k in (keep if keep is not None else range(len(vocab)))
+                      if vocab[k].lstrip(b" ") and b"none".startswith(vocab[k].lstrip(b" "))]
+            denom = torch.logsumexp(raw[0, keep].double(), 0) if keep is not None else torch.logsumexp(raw[0].double(), 0)
+            none_p = float(torch.exp(torch.logsumexp(raw[0, starts].double(), 0) - denom)) if starts else 0.0
+    stopped = bool(new) and (new[-1] in stops or vocab[new[-1]] == b"")
+    written = new[:-1] if stopped and (not full or vocab[new[-1]] == b"" or new[-1] in stops) else new
+    return {"tokens": written, "logprob": logprob, "probability": math.exp(log_p), "none_probability": none_p}
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packs") / "extracting.yaml"
+    path.write_text(textwrap.dedent(PACK))
+    return load_pack(path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_extraction_equals_transformers_greedy_generate_masked_to_its_grammar(tiny_models, loaded, pack, family):
+    path = tiny_models(family)
+    decoder, tok = loaded(path)
+    engine = Engine(decoder, tok, pack, family)
+    records = engine.score([Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES[:2])])
+    hf = load_hf(str(path))
+    vocab = _token_bytes(tok)
+    questions = {q.id: q for q in pack.expand()}
+    for rec, text in zip(records, MESSAGES):
+        assert set(rec.scores["spam"].choices) == {"yes", "no"}
+        for qid in ("count", "amount", "who", "gist"):
+            got, want = rec.scores[qid], _oracle(hf, tok, pack, {"text": text}, questions[qid], vocab)
+            assert got.kind == questions[qid].extract.kind
+            assert got.tokens == len(want["tokens"]), (qid, got, want)
+            written = b"".join(vocab[t] for t in want["tokens"])
+            if got.answer is not None:
+                assert written.decode("utf-8", "replace").strip(" ").startswith(got.answer.split("\n")[0][:1]), (qid, got)
+            steps = got.tokens + 1  # within 1e-4 a step (the stop step included)
+            assert got.logprob == pytest.approx(want["logprob"], abs=1e-4 * steps), (qid, got, want)
+            assert got.probability == pytest.approx(want["probability"], abs=1e-4 * steps), (qid, got, want)
+            if want["none_probability"] is None:
+                assert got.none_probability is None
+            else:
+                assert got.none_probability == pytest.approx(want["none_probability"], abs=1e-4), (qid, got, want)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_extraction_records_are_bitwise_equal_alone_batched_reversed_and_split(tiny_models, loaded, pack, family):
+    decoder, tok = loaded(tiny_models(family))
+    texts = MESSAGES if family == "llama" else MESSAGES[1:5]  # Gemma's 262k vocabulary costs more a step
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(texts)]
+
+    def run(batch, budget):
+        return {r.id: orjson.dumps(r.model_dump()) for r in Engine(decoder, tok, pack, family, token_budget=budget).score(batch)}
+
+    together = run(msgs, 16384)
+    alone = {}
+    for m in msgs:
+        alone.update(run([m], 16384))
+    assert alone == together
+    assert run(msgs[::-1], 40) == together  # branches and decode steps spread over passes
+    if family == "llama":  # the smallest budget: a pass per branch or decode tip
+        shuffled = [msgs[4], msgs[2], msgs[0], msgs[5], msgs[3], msgs[1]]
+        assert run(shuffled, 16) == together
+
+
+def test_the_digest_covers_the_extractions(tiny_models, loaded, pack):
+    from spinf_stream.engine.results import digest
+
+    decoder, tok = loaded(tiny_models("llama"))
+    rec = Engine(decoder, tok, pack, "llama").score([Message(id="a", fields={"text": MESSAGES[1]})])[0]
+    plain = orjson.loads(orjson.dumps(rec.model_dump()))
+    assert rec.digest == digest(plain["scores"]) and set(plain["scores"]["amount"]) >= {"value", "probability", "logprob"}
+
+
+def test_the_triton_path_writes_the_same_values_as_the_torch_path(tiny_models, loaded, pack):
+    from spinf_stream.models import load_decoder
+    from spinf_stream.models.triton_backend import interpreter_on
+
+    if not interpreter_on():
+        pytest.skip("the Triton kernels run on the CPU only with TRITON_INTERPRET=1 (conftest sets it)")
+    path = tiny_models("llama")
+    decoder, tok = loaded(path)
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES[:2])]
+    want = Engine(decoder, tok, pack, "llama").score(msgs)
+    got = Engine(load_decoder(path, kernels="triton"), tok, pack, "llama").score(msgs)
+    for g, w in zip(got, want):
+        for qid in ("count", "amount", "who", "gist"):
+            a, b = g.scores[qid], w.scores[qid]
+            assert (a.answer, a.value, a.tokens) == (b.answer, b.value, b.tokens), qid
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4) and a.probability == pytest.approx(b.probability, abs=1e-4)
+
+
+@pytest.mark.real_model
+def test_the_default_model_extracts_the_amount_and_currency_of_plain_money_messages(loaded, pack):
+    from spinf_stream.models.resolve import resolve
+
+    path = resolve("qwen2.5-coder-0.5b").path
+    decoder, tok = loaded(path)
+    got = Engine(decoder, tok, pack, "qwen2.5-coder-0.5b").score(
+        [Message(id="a", fields={"text": "Pay £250 now"}), Message(id="b", fields={"text": "You won $1,000"})])
+    assert [(r.scores["amount"].value, r.scores["amount"].currency) for r in got] == [(250.0, "GBP"), (1000.0, "USD")]
+    vocab = _token_bytes(tok)
+    hf = load_hf(str(path))
+    question = next(q for q in pack.expand() if q.id == "amount")
+    for rec, text in zip(got, ["Pay £250 now", "You won $1,000"]):
+        want = _oracle(hf, tok, pack, {"text": text}, question, vocab)
+        assert rec.scores["amount"].tokens == len(want["tokens"])
+        steps = rec.scores["amount"].tokens + 1  # within 1e-4 a step (the stop step included)
+        assert rec.scores["amount"].logprob == pytest.approx(want["logprob"], abs=1e-4 * steps)
+        assert rec.scores["amount"].probability == pytest.approx(want["probability"], abs=1e-4 * steps)
