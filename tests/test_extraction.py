@@ -278,3 +278,13 @@ def test_the_default_model_extracts_the_amount_and_currency_of_plain_money_messa
         steps = rec.scores["amount"].tokens + 1  # within 1e-4 a step (the stop step included)
         assert rec.scores["amount"].logprob == pytest.approx(want["logprob"], abs=1e-4 * steps)
         assert rec.scores["amount"].probability == pytest.approx(want["probability"], abs=1e-4 * steps)
+
+
+@pytest.mark.parametrize(("text", "whole"), [
+    ("💰".encode(), "💰".encode()), ("💰".encode()[:3], b""), ("a€".encode()[:2], b"a"), (b"abc", b"abc"),
+    ("é".encode()[:1], b""), ("aé".encode(), "aé".encode()),
+])
+def test_a_text_cut_by_max_tokens_inside_a_character_drops_the_partial_character(text, whole):
+    from spinf_stream.engine.decoding import _whole_characters
+
+    assert _whole_characters(text) == whole

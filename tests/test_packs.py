@@ -385,12 +385,16 @@ def test_a_pack_of_extraction_questions_needs_no_top_level_choices(tmp_path: Pat
     ("extract: weight", "questions[3].extract", "unknown kind 'weight'"),
     ("extract: number\n    max_tokens: 257", "questions[3].max_tokens", "must be 1 to 256 tokens, got 257"),
     ("extract: number\n    max_tokens: 0", "questions[3].max_tokens", "must be 1 to 256 tokens, got 0"),
-    ("generate: {max_tokens: 0}", "questions[3].generate.max_tokens", "greater than or equal to 1"),
+    ("generate: {max_tokens: 0}", "questions[3].generate.max_tokens", "must be 1 to 256 tokens, got 0"),
     ("max_tokens: 5", "questions[3].max_tokens", "for extraction questions"),
     ("none: nothing", "questions[3].none", "for extraction questions"),
     ("extract: text\n    currency_default: USD", "questions[3].currency_default", "for extract: money questions"),
     ("extract: money\n    currency_default: dollars", "questions[3].currency_default", "match pattern"),
     ("extract: number\n    none: '  '", "questions[3].none", "must be a word"),
+    ("extract: money\n    currency_default: XYZ", "questions[3].currency_default", "'XYZ' is not one of the ISO codes"),
+    ("extract: number\n    none: '0'", "questions[3].none", "must be a word (letters, no digits)"),
+    ("generate: {max_tokens: 5, foo: 1}", "questions[3].generate.foo", "unknown key (allowed: max_tokens, stop)"),
+    ("generate: {max_tokens: 300}", "questions[3].generate.max_tokens", "must be 1 to 256 tokens, got 300"),
 ])
 def test_a_bad_extraction_question_fails_at_load_naming_file_and_key(tmp_path: Path, lines: str, key: str, says: str) -> None:
     text = GOOD + f"  - id: q\n    text: What?\n    {lines}\n"

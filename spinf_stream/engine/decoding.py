@@ -131,13 +131,26 @@ class OpenExtraction:
         return self.grammar.is_stop(token)
 
     def result(self) -> ExtractionResult:
-        got = self.grammar.finish(self.state if self.spec.kind not in ("text", "generate") else None, bytes(self.text))
+        text = bytes(self.text)
+        if self.spec.kind in ("text", "generate"):
+            text = _whole_characters(text)
+        got = self.grammar.finish(self.state if self.spec.kind not in ("text", "generate") else None, text)
         return ExtractionResult(
             kind=self.spec.kind, answer=got.answer, value=got.value,
             currency=got.currency if self.spec.kind == "money" else None,
             probability=_clamp(math.exp(self.log_probability)), logprob=min(self.logprob, 0.0),
             none_probability=self.none_probability, tokens=len(self.written), min_token_probability=_clamp(self.min_p),
         )
+
+
+def _whole_characters(text: bytes) -> bytes:
+    """``text`` without a UTF-8 character cut short at its end (``max_tokens`` fell inside it)."""
+    for back in range(1, min(4, len(text)) + 1):
+        b = text[-back]
+        if b & 0xC0 != 0x80:  # the last character's lead byte
+            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+            return text if need <= back else text[:-back]
+    return text
 
 
 def _clamp(p: float) -> float:

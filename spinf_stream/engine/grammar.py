@@ -41,16 +41,7 @@ KINDS: tuple[str, ...] = ("text", "number", "money")
 SIGNS = ("-", "+", "\u2212")
 #: thousands separator -> the decimal mark that goes with it
 THOUSANDS = {",": ".", ".": ",", "\u2009": ".", "\u202f": "."}
-SYMBOLS = {"£": "GBP", "€": "EUR", "¥": "JPY", "₹": "INR", "₩": "KRW", "₽": "RUB", "₺": "TRY", "$": None}
-CODES = (
-    "USD GBP EUR JPY CNY INR KRW RUB TRY AUD CAD CHF NZD HKD SGD SEK NOK DKK PLN ZAR BRL MXN AED SAR"
-).split()
-#: currency words (after the amount only); None = the dollar, i.e. ``currency_default``
-WORDS = {
-    "dollar": None, "dollars": None, "pound": "GBP", "pounds": "GBP", "euro": "EUR", "euros": "EUR",
-    "rupee": "INR", "rupees": "INR", "yen": "JPY", "won": "KRW", "ruble": "RUB", "rubles": "RUB",
-    "rouble": "RUB", "roubles": "RUB", "lira": "TRY", "yuan": "CNY", "franc": "CHF", "francs": "CHF",
-}  # fmt: skip
+from spinf_stream.currencies import CODES, SYMBOLS, WORDS  # noqa: E402  (shared with the pack check)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from spinf_stream.packs.pack import NAME_PATTERN, Loc, Pack, QuestionSpec, _AtKey
+from spinf_stream.packs.pack import NAME_PATTERN, GenerateSpec, Loc, Pack, QuestionSpec, _AtKey
 
 
 # --------------------------------------------------------------------------------------- errors
@@ -134,7 +134,8 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[tuple[str, i
         elif kind == "value_error" and inner is not None:
             msg = str(inner)
         elif kind == "extra_forbidden":
-            allowed = QuestionSpec.model_fields if loc[:1] == ("questions",) and len(loc) > 2 else Pack.model_fields
+            allowed = (GenerateSpec.model_fields if loc[:1] == ("questions",) and loc[2:3] == ("generate",) and len(loc) > 3
+                       else QuestionSpec.model_fields if loc[:1] == ("questions",) and len(loc) > 2 else Pack.model_fields)
             msg = f"unknown key (allowed: {', '.join(allowed)})"
         elif kind == "missing":
             msg = "missing required key"

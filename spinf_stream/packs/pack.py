@@ -30,7 +30,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
         currency_default: USD                   # optional, money only: the currency of "$" and "dollars"
       - id: summary
         text: Summarise the message in one line.
-        generate: {max_tokens: 40}              # free text, greedy; optional stop
+        generate: {max_tokens: 40}              # free text, greedy; optional stop (default newline)
 
 An extraction or generation question has no choices: its record gives the value the model wrote,
 greedy over the tokens its kind allows, with that value's probability (``docs/packs.md``).
@@ -62,6 +62,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from spinf_stream.currencies import CODES
 
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 # A grid of placeholders multiplies: refuse packs whose expansion is absurdly large.
@@ -179,8 +181,15 @@ class GenerateSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+    max_tokens: int
     stop: Annotated[str, Field(min_length=1)] | None = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens_ok(cls, v: int) -> int:
+        if not 1 <= v <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"must be 1 to {MAX_TOKENS_LIMIT} tokens, got {v}")
+        return v
 
 
 class QuestionSpec(BaseModel):
@@ -232,6 +241,14 @@ class QuestionSpec(BaseModel):
                 raise _AtKey((key,), f"{key} is for extraction questions (with extract: text, number or money)")
         if self.currency_default is not None and EXTRACT_KINDS.get(self.extract or "") != "money":
             raise _AtKey(("currency_default",), "currency_default is for extract: money questions")
+        if self.currency_default is not None and self.currency_default not in CODES:
+            raise _AtKey(("currency_default",), f"{self.currency_default!r} is not one of the ISO codes money "
+                                                f"extraction knows ({', '.join(CODES)})")
+        none = self.none
+        if none is not None and none not in _NULLS and EXTRACT_KINDS.get(self.extract or "") in ("number", "money"):
+            if any(c.isdigit() for c in none) or not any(c.isalpha() for c in none):
+                raise _AtKey(("none",), f"the none word {none!r} must be a word (letters, no digits): "
+                                        "a value could be written the same way")
         return self
 
     def extraction(self) -> Extraction | None:
