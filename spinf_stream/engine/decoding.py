@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from spinf_stream.engine.grammar import TokenGrammar
 from spinf_stream.engine.segment import Branch, PreparedMessage
-from spinf_stream.packs.pack import Extraction
+
+if TYPE_CHECKING:  # the engine's core runs without pydantic or interegular (bench/gpu_check.py)
+    from spinf_stream.engine.grammar import TokenGrammar
+    from spinf_stream.packs.pack import Extraction
 
 
 @dataclass(frozen=True)
