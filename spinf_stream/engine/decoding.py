@@ -53,6 +53,12 @@ class Grammars:
     specs: dict[int, Extraction]  # question index -> its extraction
     grammars: dict[int, TokenGrammar]
     vocab: Sequence[bytes]
+    #: question index -> the token ids that begin its none word (empty without one)
+    none_starts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for q, x in self.specs.items():
+            self.none_starts.setdefault(q, tuple(_none_starts(self.vocab, x.none)) if x.none is not None else ())
 
 
 @dataclass
@@ -65,6 +71,7 @@ class OpenExtraction:
     grammar: TokenGrammar
     base: Branch
     state: int
+    none_starts: tuple[int, ...] = ()
     written: list[int] = field(default_factory=list)
     text: bytearray = field(default_factory=bytearray)
     log_probability: float = 0.0  # sum of the renormalised step log-probabilities
@@ -93,8 +100,7 @@ class OpenExtraction:
             lp = float(logits[pick] - lse)
             p = math.exp(lp)
             if not self.written and self.spec.none is not None:
-                self.none_probability = _clamp(math.fsum(
-                    math.exp(float(logits[t] - lse)) for t in _none_starts(vocab, self.spec.none, None)))
+                self.none_probability = _clamp(math.fsum(math.exp(float(logits[t] - lse)) for t in self.none_starts))
         else:
             allowed = self.grammar.allowed(self.state)
             if allowed.numel() == 0:  # nothing can follow (the grammar's tables keep no such state)
@@ -108,7 +114,7 @@ class OpenExtraction:
             p = 1.0 / total
             lp = float(logits[pick] - lse)
             if not self.written and self.spec.none is not None:
-                starts = set(_none_starts(vocab, self.spec.none, allowed.tolist()))
+                starts = set(self.none_starts)
                 self.none_probability = _clamp(math.fsum(
                     math.exp(v - top) for t, v in zip(allowed.tolist(), values) if t in starts) / total)
         self.log_probability += math.log(p) if p > 0 else -math.inf
@@ -160,13 +166,11 @@ def _clamp(p: float) -> float:
     return min(max(p, 0.0), 1.0)
 
 
-def _none_starts(vocab: Sequence[bytes], none: str, among: Sequence[int] | None) -> list[int]:
-    """Token ids (of ``among``, or of the whole vocabulary) whose text, leading spaces dropped,
-    is a non-empty prefix of the none word."""
+def _none_starts(vocab: Sequence[bytes], none: str) -> list[int]:
+    """Token ids whose text, leading spaces dropped, is a non-empty prefix of the none word."""
     word = none.encode()
-    ids = range(len(vocab)) if among is None else among
     out = []
-    for t in ids:
+    for t in range(len(vocab)):
         b = vocab[t].lstrip(b" ")
         if b and word.startswith(b):
             out.append(t)

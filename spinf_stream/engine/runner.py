@@ -128,8 +128,9 @@ def run_passes(
                 b = w.message.branches[bi]
                 if b.question in specs:
                     assert grammars is not None
-                    o = OpenExtraction(w.slot, b.question, specs[b.question], grammars.grammars[b.question], b,
-                                       grammars.grammars[b.question].start)
+                    g = grammars.grammars[b.question]
+                    o = OpenExtraction(w.slot, b.question, specs[b.question], g, b, g.start,
+                                       grammars.none_starts[b.question])
                     open_by_slot.setdefault(w.slot, []).append(o)
                     tips.append((o, off))  # the branch's one read: its last token
         if tips:

@@ -14,6 +14,8 @@ GEMMs for measuring what invariance costs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import os
 
 import torch
@@ -102,37 +104,34 @@ class TritonBackend(Backend):
     def token_logprobs(
         self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor, tokens: torch.Tensor,
     ) -> torch.Tensor:
-        from kernels import logsumexp_triton
-
         out = torch.empty(rows.shape[0], dtype=torch.float32)
-        for c0 in range(0, hidden.shape[0], HEAD_GROUP):
-            c1 = min(c0 + HEAD_GROUP, hidden.shape[0])
-            sel = (rows >= c0) & (rows < c1)
-            if not bool(sel.any()):
-                continue
-            logits = apply_softcap(self.linear(hidden[c0:c1], lm_head).float(), softcap)
-            lse = logsumexp_triton(logits)
-            r = (rows[sel] - c0).to(logits.device)
+        for sel, r, logits, lse in self._head_groups(hidden, lm_head, softcap, rows):
             out[sel] = (logits[r, tokens[sel].to(logits.device)] - lse[r]).cpu()
         return out
 
     def read_logits(
         self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from kernels import logsumexp_triton
-
         logits_out = torch.empty(rows.shape[0], lm_head.shape[0], dtype=torch.float32)
         lse_out = torch.empty(rows.shape[0], dtype=torch.float32)
+        for sel, r, logits, lse in self._head_groups(hidden, lm_head, softcap, rows):
+            logits_out[sel], lse_out[sel] = logits[r].cpu(), lse[r].cpu()
+        return logits_out, lse_out
+
+    def _head_groups(
+        self, hidden: torch.Tensor, lm_head: torch.Tensor, softcap: float | None, rows: torch.Tensor,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per group of HEAD_GROUP hidden rows that ``rows`` reads: ``(sel [N] bool, local rows
+        on the device, logits [g, V] fp32, lse [g])``."""
+        from kernels import logsumexp_triton
+
         for c0 in range(0, hidden.shape[0], HEAD_GROUP):
             c1 = min(c0 + HEAD_GROUP, hidden.shape[0])
             sel = (rows >= c0) & (rows < c1)
             if not bool(sel.any()):
                 continue
             logits = apply_softcap(self.linear(hidden[c0:c1], lm_head).float(), softcap)
-            lse = logsumexp_triton(logits)
-            r = (rows[sel] - c0).to(logits.device)
-            logits_out[sel], lse_out[sel] = logits[r].cpu(), lse[r].cpu()
-        return logits_out, lse_out
+            yield sel, (rows[sel] - c0).to(logits.device), logits, logsumexp_triton(logits)
 
 
 class CublasBackend(TritonBackend):
