@@ -242,6 +242,25 @@ def test_the_digest_covers_the_extractions(tiny_models, loaded, pack):
     assert rec.digest == digest(plain["scores"]) and set(plain["scores"]["amount"]) >= {"value", "probability", "logprob"}
 
 
+def test_a_decode_step_feeds_each_open_extraction_s_newest_token_only(tiny_models, loaded, pack):
+    """Content and branch keys/values are kept, never recomputed: after the prefill (each message's
+    content and branches once), every row fed is one written token of one extraction, so the rows
+    fed lie between the written tokens less one per extraction and the written tokens."""
+    decoder, tok = loaded(tiny_models("llama"))
+    eng = Engine(decoder, tok, pack, "llama")
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES[2:4])]
+    prepared = eng.prepare(msgs)
+    recs = eng.run(prepared)
+    stats = eng.last_run
+    decode_rows = stats.tokens_fed - sum(p.n_tokens for p in prepared)
+    n = sum(1 for r in recs for s in r.scores.values() if isinstance(s, dict) or hasattr(s, "tokens"))
+    written = sum(s.tokens for r in recs for s in r.scores.values() if hasattr(s, "tokens"))
+    assert n == 8 and stats.extracted_tokens == written
+    assert written - n <= decode_rows <= written
+    longest = max(s.tokens for r in recs for s in r.scores.values() if hasattr(s, "tokens"))
+    assert stats.decode_passes == longest - 1 or stats.decode_passes == longest  # one pass per step, all tips
+
+
 def test_the_triton_path_writes_the_same_values_as_the_torch_path(tiny_models, loaded, pack):
     from spinf_stream.models import load_decoder
     from spinf_stream.models.triton_backend import interpreter_on

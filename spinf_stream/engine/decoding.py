@@ -1,18 +1,19 @@
 """Extraction and generation: greedy decode steps over every open extraction of a batch.
 
 The first passes read each extraction question's answer cue like a choice question's; from
-there a *decode step* is one forward pass over the tips of all open extractions of the batch
-(every message, every question), each a branch of its message — the question's tokens, then the
-tokens written so far — after the message's content, whose keys/values its first pass kept. So a
-batch costs its longest extraction's token count in extra passes, not one pass per question.
+there a *decode step* is one forward pass over the newest tokens of all open extractions of the
+batch (every message, every question). So a batch costs its longest extraction's token count in
+extra passes, not one pass per question.
 At each step the next token is the most probable of those the question's kind allows
 (:mod:`spinf_stream.engine.grammar`; ties to the lowest token id), with its probability
 renormalised over that set.
 
-A step's numbers are a function of the message alone: its carried content, its branch, and the
-width of its longest open branch (which only its own earlier steps decide), so an extraction is
-as batch-invariant as a choice (``docs/invariance.md``). The question's tokens are recomputed at
-every step (a small branch); keeping their keys/values too is left for later.
+A decode step feeds one row per open extraction, its newest token, attending to the preamble
+and to keys/values kept from the passes that computed them: the message's content, the
+question's tokens and the tokens written before (nothing is recomputed). The row's attention is
+a chunk of its own (``models.attention.chunk_rows``) and its token-wise ops follow the per-row
+rules, so a step's numbers are a function of the message alone and an extraction is as
+batch-invariant as a choice (``docs/invariance.md``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spinf_stream.engine.layout import Work
 from spinf_stream.engine.segment import Branch, PreparedMessage
 
 if TYPE_CHECKING:  # the engine's core runs without pydantic or interegular (bench/gpu_check.py)
@@ -80,12 +82,6 @@ class OpenExtraction:
     none_probability: float | None = None
     done: bool = False
     stopped: bool = False  # ended by a stop token (not by max_tokens)
-
-    def branch(self) -> Branch:
-        """The question's tokens and the tokens written so far, as one chain read at its tip."""
-        tokens = self.base.tokens + tuple(self.written)
-        n = len(tokens)
-        return Branch(self.question, tokens, tuple(range(-1, n - 1)), tuple(range(n)), (n - 1,), ())
 
     def step(self, logits: torch.Tensor, lse: torch.Tensor, vocab: Sequence[bytes]) -> None:
         """Choose the next token from this step's ``logits [V]`` fp32 (``lse`` their logsumexp).
@@ -177,8 +173,14 @@ def _none_starts(vocab: Sequence[bytes], none: str) -> list[int]:
     return out
 
 
-def decode_message(message: PreparedMessage, open_ones: Sequence[OpenExtraction]) -> PreparedMessage:
-    """The message as a decode step sees it: its content (carried) and one branch per open
-    extraction, in question order."""
-    return PreparedMessage(message.index, message.id, message.content, message.use_preamble, message.prefix_len,
-                           tuple(o.branch() for o in open_ones))
+def decode_work(message: PreparedMessage, o: OpenExtraction) -> Work:
+    """The work of ``o``'s next decode step: its newest token as a one-token branch, after
+    everything before it — the message's content, the question's tokens and the tokens written
+    before — as carried content (the question's branch is a chain: its depths are ``0 .. n-1``).
+    """
+    b = o.base
+    assert b.depths == tuple(range(len(b))) and o.written, "an open extraction's branch is a chain with a token written"
+    before = message.content + b.tokens + tuple(o.written[:-1])
+    tip = Branch(o.question, (o.written[-1],), (-1,), (0,), (0,), ())
+    m = PreparedMessage(message.index, message.id, before, message.use_preamble, message.prefix_len, (tip,))
+    return Work(m, (0,), o.slot, with_content=False, decode=True)

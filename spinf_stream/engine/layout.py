@@ -38,6 +38,8 @@ class Work:
     the pass that computed them, see ``keep_kv``). ``keep_kv``: this message's branches continue
     in later passes, so this pass returns the content's keys/values for them.
     ``last``: this work holds the message's last branch (its kept keys/values can go).
+    ``decode``: a decode step's work: its content is everything before its one-token branch
+    (the content, the question and the tokens written so far, all carried).
     """
 
     message: PreparedMessage
@@ -45,6 +47,7 @@ class Work:
     slot: int = 0
     with_content: bool = True
     keep_kv: bool = False
+    decode: bool = False
 
     @property
     def last(self) -> bool:
@@ -123,6 +126,7 @@ class MessagePlan:
     in this pass, so every shape the CPU path gives this message's attention is a property of
     the message alone. ``keep_kv``: return the content's keys/values after the pass.
     ``branches``: its branches in this pass, in order; their rows are consecutive.
+    ``decode``: a decode step's one-row branch (see :class:`Work`).
     """
 
     prefix_len: int
@@ -132,6 +136,7 @@ class MessagePlan:
     keep_kv: bool
     branch_width: int
     branches: tuple[BranchPlan, ...]
+    decode: bool = False
 
     @property
     def n_keys(self) -> int:
@@ -165,7 +170,8 @@ class PassLayout:
     The key space of attention is ``[preamble (preamble_len) | carried contents | pass rows]``;
     ``carried_lens`` are the carried contents' lengths in order, ``segments`` the pass's forest
     as ``(start, length, parent)`` in that key space (parent -1: a root), ``query_start`` the key
-    index of pass row 0.
+    index of pass row 0. ``kept_rows``: ``(start, length)`` runs of pass rows whose per-layer
+    keys/values the forward pass returns after the kept contents' (a decode step's history).
     """
 
     input_ids: torch.Tensor
@@ -177,6 +183,7 @@ class PassLayout:
     preamble_len: int = 0
     carried_lens: tuple[int, ...] = ()
     segments: tuple[tuple[int, int, int], ...] = ()
+    kept_rows: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -252,7 +259,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
                     pass_segments.append((s + i, 1, s + par, True))
         read_offsets.append(offsets)
         width = max((len(b) for b in m.branches), default=1)
-        plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches)))
+        plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches), w.decode))
     q0 = preamble_len + sum(carried_lens)
     segments: list[tuple[int, int, int]] = []
     if preamble_len:

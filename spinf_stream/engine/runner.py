@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from spinf_stream.engine.decoding import ExtractionResult, Grammars, OpenExtraction, decode_message
+from spinf_stream.engine.decoding import ExtractionResult, Grammars, OpenExtraction, decode_work
 from spinf_stream.engine.layout import PassLayout, Work, build_pass, plan_passes
+from spinf_stream.models.attention import KV
 from spinf_stream.models.decoder import Decoder, LayerKV
 from spinf_stream.engine.segment import PreparedMessage
 
@@ -78,7 +79,9 @@ def run_passes(
 ) -> tuple[list[dict[int, list[float]]], list[dict[int, ExtractionResult]], RunStats]:
     """:func:`score_passes`, and with ``grammars`` every extraction question's value
     (:mod:`spinf_stream.engine.decoding`): the first passes read each extraction's answer cue,
-    then decode steps run until every extraction of the batch has ended.
+    then decode steps run until every extraction of the batch has ended. A decode step feeds
+    one token per open extraction; the content's and the branch's keys/values are kept from the
+    passes that computed them, never recomputed.
 
     Returns:
         The choice logprob sums, per message ``{question: ExtractionResult}``, and what was computed.
@@ -87,6 +90,7 @@ def run_passes(
     extracted: list[dict[int, ExtractionResult]] = [{} for _ in prepared]
     passes = computed = fed = decode_passes = 0
     carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
+    history: dict[tuple[int, int], LayerKV] = {}  # (slot, question) -> its branch's keys/values so far
     specs = grammars.specs if grammars else {}
     open_by_slot: dict[int, list[OpenExtraction]] = {}
     plan = plan_passes(prepared, token_budget)
@@ -94,22 +98,39 @@ def run_passes(
         plan = [[replace(w, keep_kv=True) if w.with_content and _extracts(w.message, specs) else w for w in works]
                 for works in plan]
 
-    def forward(works: list[Work]) -> tuple[PassLayout, torch.Tensor]:
+    def forward(works: list[Work], chains: list[_Chain] | None = None) -> tuple[PassLayout, torch.Tensor]:
         nonlocal passes, computed, fed
         layout = build_pass(works, preamble_len)
+        owners: list[tuple[int, int]] = []  # every extraction branch's rows are kept, in pass order
+        runs: list[tuple[int, int]] = []
+        for w, mp in zip(works, layout.messages):
+            for bi, bp in zip(w.branches, mp.branches):
+                q = w.message.branches[bi].question
+                if q in specs:
+                    owners.append((w.slot, q))
+                    runs.append((bp.start, len(bp.parents)))
+        layout.kept_rows = tuple(runs)
         chunks = decoder.backend.row_chunks(layout.n_tokens)
         passes, fed = passes + 1, fed + layout.n_tokens
         computed += chunks[-1].stop if chunks else 0
-        hidden, kept = decoder.forward(layout, prefix, [carried[w.slot] for w in works if not w.with_content])
-        carried.update(zip((w.slot for w in works if w.keep_kv), kept))
+        given = chains if chains is not None else [carried[w.slot] for w in works if not w.with_content]
+        hidden, kept = decoder.forward(layout, prefix, given)
+        n_content = sum(1 for w in works if w.keep_kv)
+        carried.update(zip((w.slot for w in works if w.keep_kv), kept[:n_content]))
+        for key, kv in zip(owners, kept[n_content:]):
+            old = history.get(key)
+            history[key] = kv if old is None else [
+                (torch.cat((k0, k1)), torch.cat((v0, v1))) for (k0, v0), (k1, v1) in zip(old, kv)]
         return layout, hidden
 
-    def step(layout: PassLayout, hidden: torch.Tensor, tips: list[tuple[OpenExtraction, int]]) -> None:
+    def step(hidden: torch.Tensor, tips: list[tuple[OpenExtraction, int]]) -> None:
         assert grammars is not None
         rows = torch.tensor([r for _, r in tips], dtype=torch.int64)
         logits, lse = decoder.read_logits(hidden, rows)
         for i, (o, _) in enumerate(tips):
             o.step(logits[i], lse[i], grammars.vocab)
+            if o.done:
+                history.pop((o.slot, o.question), None)
 
     for works in plan:
         layout, hidden = forward(works)
@@ -134,11 +155,11 @@ def run_passes(
                     open_by_slot.setdefault(w.slot, []).append(o)
                     tips.append((o, off))  # the branch's one read: its last token
         if tips:
-            step(layout, hidden, tips)
+            step(hidden, tips)
         for w in works:
             if w.last and w.slot not in open_by_slot:
                 carried.pop(w.slot, None)
-    # decode steps: one pass (or more, under the budget) over the tips of every open extraction
+    # decode steps: one pass (or more, under the budget) over the newest token of every open extraction
     while True:
         for slot in [s for s, os in open_by_slot.items() if all(o.done for o in os)]:
             for o in open_by_slot.pop(slot):
@@ -146,27 +167,32 @@ def run_passes(
             carried.pop(slot, None)
         if not open_by_slot:
             break
-        works, used = [], 0
-        batch: list[list[Work]] = []
-        for slot, os in open_by_slot.items():
-            live = [o for o in os if not o.done]
-            w = Work(decode_message(prepared[slot], live), tuple(range(len(live))), slot, with_content=False)
-            if works and used + w.n_tokens > token_budget:
-                batch.append(works)
-                works, used = [], 0
-            works.append(w)
-            used += w.n_tokens
-        batch.append(works)
-        for works in batch:
-            layout, hidden = forward(works)
+        live = [o for os in open_by_slot.values() for o in os if not o.done]
+        for i in range(0, len(live), max(token_budget, 1)):  # one row each
+            group = live[i : i + token_budget]
+            works = [decode_work(prepared[o.slot], o) for o in group]
+            chains = [_Chain(carried[o.slot], history[(o.slot, o.question)]) for o in group]
+            layout, hidden = forward(works, chains)
             decode_passes += 1
-            tips = []
-            for w, offsets in zip(works, layout.read_offsets):
-                live = [o for o in open_by_slot[w.slot] if not o.done]
-                tips.extend(zip(live, offsets))
-            step(layout, hidden, tips)
+            step(hidden, [(o, offsets[0]) for o, offsets in zip(group, layout.read_offsets)])
     return sums, extracted, RunStats(passes, computed, fed, decode_passes,
                                      sum(o.tokens for per in extracted for o in per.values()))
+
+
+class _Chain(Sequence[KV]):
+    """A decode step's carried keys/values, per layer: the message's content, then its branch's
+    history (the question's tokens and the tokens written before the newest), joined when the
+    layer reads them."""
+
+    def __init__(self, content: LayerKV, branch: LayerKV) -> None:
+        self.content, self.branch = content, branch
+
+    def __len__(self) -> int:
+        return len(self.branch)
+
+    def __getitem__(self, layer: int) -> KV:  # type: ignore[override]
+        (ck, cv), (bk, bv) = self.content[layer], self.branch[layer]
+        return torch.cat((ck, bk)), torch.cat((cv, bv))
 
 
 def _extracts(m: PreparedMessage, specs: dict[int, object]) -> bool:

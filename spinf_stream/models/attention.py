@@ -14,12 +14,14 @@ the message alone or a fixed constant, never of the pass:
 - content queries, in blocks of :data:`CONTENT_BLOCK` aligned to the message's first content
   token, against the message's keys ``[preamble | content]`` up to the block's end (padded to a
   multiple of :data:`KEY_MULTIPLE`, masked);
-- branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded by repeating its first row),
+- branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded with zero queries; a decode
+  step's one-row branch, ``MessagePlan.decode``, in a chunk of its own row alone),
   against ``[preamble | content]``, and each row against the slots of its own branch
   (``W`` = the message's longest branch rounded up to :data:`~spinf_stream.engine.layout.SLOT_MULTIPLE`),
   one softmax over both parts. Which branches share a chunk depends on the pass; a row's bits do
   not, by the BLAS property the bits probe checks (:mod:`spinf_stream.models.numerics`): a GEMM
-  row's bits do not depend on the other rows of a fixed-shape GEMM nor on the row's place.
+  row's bits do not depend on the other rows of a fixed-shape GEMM nor on the row's place. A
+  decode step's chunk is its one row: every input of its GEMMs is the message's own.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def _softcap(s: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 @dataclass
 class _BranchChunk:
-    """:data:`BRANCH_ROWS` consecutive branch rows of one message: pass rows ``[start, start + n)``
+    """:func:`chunk_rows` consecutive branch rows of one message: pass rows ``[start, start + n)``
     (a chunk is padded past ``n`` with zero queries, whose results are dropped).
 
     Own-branch keys are read through a window of ``W`` rows ending at each row: window slot
@@ -123,8 +125,14 @@ class _MessageUnits:
     branch_chunks: list[_BranchChunk] = field(default_factory=list)
 
 
+def chunk_rows(m: MessagePlan) -> int:
+    """Branch rows attended together: :data:`BRANCH_ROWS`, or 1 for a decode step's branch (its
+    one new token), whose GEMMs then hold nothing but the message's own row."""
+    return 1 if m.decode else BRANCH_ROWS
+
+
 def _branch_chunks(m: MessagePlan, pos: torch.Tensor, device: torch.device) -> list[_BranchChunk]:
-    """The message's branch rows (consecutive in the pass) cut into chunks of :data:`BRANCH_ROWS`."""
+    """The message's branch rows (consecutive in the pass) cut into chunks of :func:`chunk_rows`."""
     if not m.branches:
         return []
     w = m.width_slots
@@ -142,11 +150,12 @@ def _branch_chunks(m: MessagePlan, pos: torch.Tensor, device: torch.device) -> l
                 hide[row, w - 1 - (i - a)] = False
     n_pass = pos.shape[0]
     chunks = []
-    for c0 in range(0, nb, BRANCH_ROWS):
-        n = min(BRANCH_ROWS, nb - c0)
+    br = chunk_rows(m)
+    for c0 in range(0, nb, br):
+        n = min(br, nb - c0)
         start = first + c0
-        rows = torch.arange(start, start + BRANCH_ROWS)
-        h = torch.ones(BRANCH_ROWS, w, dtype=torch.bool)
+        rows = torch.arange(start, start + br)
+        h = torch.ones(br, w, dtype=torch.bool)
         h[:n] = hide[c0 : c0 + n]
         h[n:, w - 1] = False  # a padding row sees itself (no row of all -inf)
         key_rows = rows[:, None] - (w - 1) + torch.arange(w)[None, :]
@@ -201,7 +210,7 @@ class TorchAttention:
         if kind == 0:
             i0, i1, n_keys, _ = self.units[i].content_blocks[j]
             return (i1 - i0) * n_keys
-        return BRANCH_ROWS * (m.n_keys + m.width_slots)
+        return chunk_rows(m) * (m.n_keys + m.width_slots)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],

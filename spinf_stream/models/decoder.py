@@ -5,6 +5,7 @@ a :class:`PassLayout`, and the LM head only at the rows that are read."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,7 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(
-        self, layout: PassLayout, prefix: LayerKV | None = None, carried: list[LayerKV] | tuple[()] = (),
+        self, layout: PassLayout, prefix: LayerKV | None = None, carried: Sequence[Sequence[KV]] = (),
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Run one packed pass.
 
@@ -91,10 +92,12 @@ class Decoder:
             layout: tokens, logical positions, attention plan, read rows.
             prefix: per layer the preamble's keys/values ``[P, Hkv, D]`` (from a preamble pass).
             carried: per carried content of the pass (``layout.carried_lens`` order), per layer its
-                keys/values ``[L, Hkv, D]``, as returned by the pass that computed it.
+                keys/values ``[L, Hkv, D]``, as returned by the pass that computed it (indexed
+                by layer; a sequence read one layer at a time).
         Returns:
-            ``hidden [R, hidden]`` at ``layout.read_rows`` after the final norm, and for every
-            message plan with ``keep_kv`` (in order) its content's per-layer keys/values.
+            ``hidden [R, hidden]`` at ``layout.read_rows`` after the final norm, and the kept
+            per-layer keys/values: for every message plan with ``keep_kv`` (in order) its
+            content's, then those of each of ``layout.kept_rows``.
         """
         s = self.spec
         b = self.backend
@@ -109,6 +112,7 @@ class Decoder:
         ids, pos = ids.to(dev), pos.to(dev)
         attend = b.attention(layout, dev, s.num_heads // s.num_kv_heads)
         keep = [(m.content_start, m.content_len) for m in layout.messages if m.keep_kv and m.content_start is not None]
+        keep += layout.kept_rows
         kept: list[LayerKV] = [[] for _ in keep]
         hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         x = self.embed[ids]  # [n_pad, hidden]: a gather, exact
