@@ -283,3 +283,50 @@ def test_rms_norm_equals_its_formula_bitwise_and_row_by_row(offset):
         torch.testing.assert_close(full.double(), want, rtol=1e-5, atol=1e-5)
         for t in (1, 2, 7, 33):
             assert torch.equal(blocks.rms_norm(x[5 : 5 + t].clone(), w, 1e-6, offset), full[5 : 5 + t])
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0], ids=["fused", "softcap"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_decode_row_matches_the_definition_and_is_bitwise_the_same_in_any_pass(name, softcap):
+    """A decode step's row (``Work.decode``: one token after carried content, question and written
+    tokens, given as two pieces): its attention from the definition (float64), and bitwise equal
+    alone, beside other decode rows and in another order; short (keys below 16) and long cases."""
+    hq, hkv, d, window = SHAPES[name]
+    gen = torch.Generator().manual_seed(3)
+    rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    prefix = (rand(PREAMBLE, hkv, d), rand(PREAMBLE, hkv, d))
+    cases = []
+    for i, (content, history, preamble) in enumerate([(40, 13, True), (3, 1, False), (700, 20, True)]):
+        tip = Branch(0, (5,), (-1,), (0,), (0,), ())
+        m = PreparedMessage(i, f"d{i}", tuple(range(1, content + history + 1)), preamble, PREAMBLE if preamble else 0, (tip,))
+        pieces = ((rand(content, hkv, d), rand(content, hkv, d)), (rand(history, hkv, d), rand(history, hkv, d)))
+        cases.append((m, pieces, (rand(hq, d), rand(hkv, d), rand(hkv, d))))
+
+    def run(order: list[int]) -> dict[int, torch.Tensor]:
+        works = [Work(cases[i][0], (0,), i, with_content=False, decode=True) for i in order]
+        layout = build_pass(works, PREAMBLE)
+        q, k, v = torch.zeros(len(order), hq, d), torch.zeros(len(order), hkv, d), torch.zeros(len(order), hkv, d)
+        rows = [mp.branches[0].start for mp in layout.messages]
+        for row, i in zip(rows, order):
+            q[row], k[row], v[row] = cases[i][2]
+        out = TorchAttention(layout)(q, k, v, prefix, [cases[i][1] for i in order], scale=d**-0.5, window=window, softcap=softcap)
+        return {i: out[row].clone() for row, i in zip(rows, order)}
+
+    alone = {i: run([i])[i] for i in range(len(cases))}
+    for order in ([0, 1, 2], [2, 0, 1]):
+        got = run(order)
+        assert all(torch.equal(got[i], alone[i]) for i in range(len(cases))), order
+    g = hq // hkv
+    for i, (m, ((ck, cv), (hk, hv)), (q1, k1, v1)) in enumerate(cases):
+        pre_k, pre_v = (prefix if m.use_preamble else (torch.zeros(0, hkv, d), torch.zeros(0, hkv, d)))
+        keys = torch.cat([pre_k, ck, hk, k1[None]]).double()
+        values = torch.cat([pre_v, cv, hv, v1[None]]).double()
+        n = keys.shape[0]
+        ok = torch.ones(n, dtype=torch.bool) if window is None else torch.arange(n) > (n - 1) - window
+        want = torch.empty(hq, d, dtype=torch.float64)
+        for h in range(hq):
+            s = (keys[:, h // g] @ q1[h].double()) / math.sqrt(d)
+            if softcap is not None:
+                s = torch.tanh(s / softcap) * softcap
+            want[h] = torch.softmax(s.masked_fill(~ok, float("-inf")), dim=0) @ values[:, h // g]
+        assert torch.allclose(alone[i].double(), want, atol=2e-5), (name, i, (alone[i].double() - want).abs().max())

@@ -11,7 +11,7 @@ renormalised over that set.
 A decode step feeds one row per open extraction, its newest token, attending to the preamble
 and to keys/values kept from the passes that computed them: the message's content, the
 question's tokens and the tokens written before (nothing is recomputed). The row's attention is
-a chunk of its own (``models.attention.chunk_rows``) and its token-wise ops follow the per-row
+a unit of its own (``TorchAttention._decode``) and its token-wise ops follow the per-row
 rules, so a step's numbers are a function of the message alone and an extraction is as
 batch-invariant as a choice (``docs/invariance.md``).
 """

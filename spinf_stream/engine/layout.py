@@ -191,6 +191,19 @@ class PassLayout:
         return int(self.input_ids.numel())
 
     @property
+    def decode(self) -> bool:
+        """A pass of decode steps only (its token-wise ops may take the back end's decode row
+        chunks).
+
+        Raises:
+            ValueError: decode steps mixed with other works in one pass.
+        """
+        kinds = {m.decode for m in self.messages}
+        if len(kinds) > 1:
+            raise ValueError("a pass holds decode steps or other works, not both")
+        return kinds == {True}
+
+    @property
     def query_start(self) -> int:
         """Key index of pass row 0: the preamble and the carried contents come first."""
         return self.preamble_len + sum(self.carried_lens)

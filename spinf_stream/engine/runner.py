@@ -110,7 +110,7 @@ def run_passes(
                     owners.append((w.slot, q))
                     runs.append((bp.start, len(bp.parents)))
         layout.kept_rows = tuple(runs)
-        chunks = decoder.backend.row_chunks(layout.n_tokens)
+        chunks = decoder.backend.row_chunks(layout.n_tokens, layout.decode)
         passes, fed = passes + 1, fed + layout.n_tokens
         computed += chunks[-1].stop if chunks else 0
         given = chains if chains is not None else [carried[w.slot] for w in works if not w.with_content]
@@ -179,10 +179,10 @@ def run_passes(
                                      sum(o.tokens for per in extracted for o in per.values()))
 
 
-class _Chain(Sequence[KV]):
-    """A decode step's carried keys/values, per layer: the message's content, then its branch's
-    history (the question's tokens and the tokens written before the newest), joined when the
-    layer reads them."""
+class _Chain(Sequence[tuple[KV, KV]]):
+    """A decode step's carried keys/values, per layer as two pieces (``models.attention.carried_pieces``):
+    the message's content, then its branch's history (the question's tokens and the tokens
+    written before the newest)."""
 
     def __init__(self, content: LayerKV, branch: LayerKV) -> None:
         self.content, self.branch = content, branch
@@ -190,9 +190,8 @@ class _Chain(Sequence[KV]):
     def __len__(self) -> int:
         return len(self.branch)
 
-    def __getitem__(self, layer: int) -> KV:  # type: ignore[override]
-        (ck, cv), (bk, bv) = self.content[layer], self.branch[layer]
-        return torch.cat((ck, bk)), torch.cat((cv, bv))
+    def __getitem__(self, layer: int) -> tuple[KV, KV]:  # type: ignore[override]
+        return self.content[layer], self.branch[layer]
 
 
 def _extracts(m: PreparedMessage, specs: dict[int, object]) -> bool:

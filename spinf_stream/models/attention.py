@@ -14,14 +14,14 @@ the message alone or a fixed constant, never of the pass:
 - content queries, in blocks of :data:`CONTENT_BLOCK` aligned to the message's first content
   token, against the message's keys ``[preamble | content]`` up to the block's end (padded to a
   multiple of :data:`KEY_MULTIPLE`, masked);
-- branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded with zero queries; a decode
-  step's one-row branch, ``MessagePlan.decode``, in a chunk of its own row alone),
+- branch rows, in chunks of :data:`BRANCH_ROWS` (the last padded with zero queries),
   against ``[preamble | content]``, and each row against the slots of its own branch
   (``W`` = the message's longest branch rounded up to :data:`~spinf_stream.engine.layout.SLOT_MULTIPLE`),
   one softmax over both parts. Which branches share a chunk depends on the pass; a row's bits do
   not, by the BLAS property the bits probe checks (:mod:`spinf_stream.models.numerics`): a GEMM
   row's bits do not depend on the other rows of a fixed-shape GEMM nor on the row's place. A
-  decode step's chunk is its one row: every input of its GEMMs is the message's own.
+  decode step's row is a unit of its own: torch's fused attention against its message's keys
+  (every shape and input the message's).
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ MIN_ROWS = 16
 
 #: Per layer: the preamble's or a carried content's ``(keys, values)``, each ``[n, Hkv, D]``.
 KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def carried_pieces(c: KV | Sequence[KV]) -> Sequence[KV]:
+    """A carried content of one layer as consecutive pieces: ``(keys, values)``, or a sequence of
+    them to be read one after the other (a decode step's content, question and written tokens)."""
+    return (c,) if isinstance(c[0], torch.Tensor) else c  # type: ignore[return-value]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -101,7 +107,7 @@ def _softcap(s: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 @dataclass
 class _BranchChunk:
-    """:func:`chunk_rows` consecutive branch rows of one message: pass rows ``[start, start + n)``
+    """:data:`BRANCH_ROWS` consecutive branch rows of one message: pass rows ``[start, start + n)``
     (a chunk is padded past ``n`` with zero queries, whose results are dropped).
 
     Own-branch keys are read through a window of ``W`` rows ending at each row: window slot
@@ -125,14 +131,8 @@ class _MessageUnits:
     branch_chunks: list[_BranchChunk] = field(default_factory=list)
 
 
-def chunk_rows(m: MessagePlan) -> int:
-    """Branch rows attended together: :data:`BRANCH_ROWS`, or 1 for a decode step's branch (its
-    one new token), whose GEMMs then hold nothing but the message's own row."""
-    return 1 if m.decode else BRANCH_ROWS
-
-
 def _branch_chunks(m: MessagePlan, pos: torch.Tensor, device: torch.device) -> list[_BranchChunk]:
-    """The message's branch rows (consecutive in the pass) cut into chunks of :func:`chunk_rows`."""
+    """The message's branch rows (consecutive in the pass) cut into chunks of :data:`BRANCH_ROWS`."""
     if not m.branches:
         return []
     w = m.width_slots
@@ -150,7 +150,7 @@ def _branch_chunks(m: MessagePlan, pos: torch.Tensor, device: torch.device) -> l
                 hide[row, w - 1 - (i - a)] = False
     n_pass = pos.shape[0]
     chunks = []
-    br = chunk_rows(m)
+    br = BRANCH_ROWS
     for c0 in range(0, nb, br):
         n = min(br, nb - c0)
         start = first + c0
@@ -195,6 +195,10 @@ class TorchAttention:
                     # keys before the block are all visible: only [P + i0, N) needs a mask
                     hidden = torch.arange(P + i0, N)[None, :] > qp[:, None]  # causal: later keys and padding
                     mu.content_blocks.append((i0, i1, N, hidden.to(self.device)))
+            if m.decode:  # one row, its keys and its softmax in one unit
+                self.work.append((i, 2, 0))
+                self.units.append(mu)
+                continue
             mu.branch_chunks = _branch_chunks(m, pos, self.device)
             self.work.extend((i, 0, j) for j in range(len(mu.content_blocks)))
             self.work.extend((i, 1, j) for j in range(len(mu.branch_chunks)))
@@ -210,7 +214,9 @@ class TorchAttention:
         if kind == 0:
             i0, i1, n_keys, _ = self.units[i].content_blocks[j]
             return (i1 - i0) * n_keys
-        return chunk_rows(m) * (m.n_keys + m.width_slots)
+        if kind == 2:
+            return m.n_keys + 1
+        return BRANCH_ROWS * (m.n_keys + m.width_slots)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],
@@ -231,18 +237,25 @@ class TorchAttention:
         """
         if q.dtype != torch.float32:  # softmax and its sums in fp32, as transformers does
             f32 = lambda kv: (kv[0].float(), kv[1].float())  # noqa: E731
-            o = self(q.float(), k.float(), v.float(), f32(prefix) if prefix else None, [f32(c) for c in carried],
+            joined = [tuple(f32(p) for p in carried_pieces(c)) for c in carried]
+            o = self(q.float(), k.float(), v.float(), f32(prefix) if prefix else None, joined,
                      scale=scale, window=window, softcap=softcap)
             return o.to(q.dtype)
         if self._out is None or self._out.shape != q.shape:
             self._out = q.new_zeros(q.shape)
         out = self._out
         msgs = self.layout.messages
-        kv = self.executor.map(lambda i, _: self._keys(msgs[i], k, v, prefix, carried), range(len(msgs)))
+        kv = self.executor.map(lambda i, _: None if msgs[i].decode else self._keys(msgs[i], k, v, prefix, carried),
+                               range(len(msgs)))
 
         def unit(w: tuple[int, int, int], scratch: Scratch) -> None:
             i, kind, j = w
-            keys, values = kv[i]
+            if kind == 2:
+                self._decode(msgs[i], q, k, v, prefix, carried, out, scale, window, softcap)
+                return
+            got = kv[i]
+            assert got is not None
+            keys, values = got
             if kind == 0:
                 self._content(msgs[i], self.units[i].content_blocks[j], q, keys, values, out, scale, window, softcap, scratch)
             else:
@@ -253,15 +266,18 @@ class TorchAttention:
         return out
 
     def _keys(
-        self, m: MessagePlan, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],
+        self, m: MessagePlan, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV], extra: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The message's ``[preamble | content]`` keys and values as fresh ``[Hkv, S_pad, D]``
-        buffers, zero-padded to a multiple of :data:`KEY_MULTIPLE` (index = logical position)."""
+        buffers, zero-padded to a multiple of :data:`KEY_MULTIPLE` (index = logical position),
+        with room for ``extra`` more keys after them (zeros)."""
         P, L = m.prefix_len, m.content_len
         hkv, d = k.shape[1], k.shape[2]
-        s_pad = _round_up(max(P + L, 1), KEY_MULTIPLE)
-        keys = k.new_zeros(hkv, s_pad, d)
-        values = v.new_zeros(hkv, s_pad, d)
+        s_pad = _round_up(max(P + L + extra, 1), KEY_MULTIPLE)
+        keys = k.new_empty(hkv, s_pad, d)
+        values = v.new_empty(hkv, s_pad, d)
+        keys[:, P + L :] = 0.0  # the padding (every other key is written below)
+        values[:, P + L :] = 0.0
         if P:
             assert prefix is not None, "a message attends to a preamble that was not passed"
             keys[:, :P] = prefix[0][:P].transpose(0, 1)
@@ -269,12 +285,47 @@ class TorchAttention:
         if L:
             if m.content_start is not None:
                 ck, cv = k[m.content_start : m.content_start + L], v[m.content_start : m.content_start + L]
+                keys[:, P : P + L] = ck.transpose(0, 1)
+                values[:, P : P + L] = cv.transpose(0, 1)
             else:
                 assert m.carried is not None
-                ck, cv = carried[m.carried]
-            keys[:, P : P + L] = ck.transpose(0, 1)
-            values[:, P : P + L] = cv.transpose(0, 1)
+                at = P
+                for ck, cv in carried_pieces(carried[m.carried]):
+                    keys[:, at : at + ck.shape[0]] = ck.transpose(0, 1)
+                    values[:, at : at + cv.shape[0]] = cv.transpose(0, 1)
+                    at += ck.shape[0]
+                assert at == P + L, "a carried content's keys/values have its length"
         return keys, values
+
+    def _decode(
+        self, m: MessagePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None,
+        carried: list[KV], out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
+    ) -> None:
+        """A decode step's row: against its carried ``[preamble | content | question | written]``
+        keys and its own key, one softmax; keys padded to :data:`KEY_MULTIPLE` (every shape the
+        message's). torch's fused attention without a soft cap, else two batched products."""
+        r = m.branches[0].start
+        n = m.n_keys + 1  # the row's own key is the last visible one, at its logical position
+        keys, values = self._keys(m, k, v, prefix, carried, extra=1)
+        keys[:, n - 1] = k[r]
+        values[:, n - 1] = v[r]
+        hkv, n_pad, d = keys.shape
+        at = torch.arange(n_pad, device=keys.device)
+        visible = at < n
+        if window is not None:
+            visible &= at > (n - 1) - window
+        if softcap is None:
+            o = F.scaled_dot_product_attention(
+                q[r][None, :, None, :], keys[None], values[None], attn_mask=visible[None, None, None, :], scale=scale,
+                enable_gqa=True,
+            )
+            out[r] = o[0, :, 0]
+            return
+        g = q.shape[1] // hkv
+        s = _softcap(torch.bmm(q[r].view(hkv, g, d) * scale, keys.transpose(1, 2)), softcap)  # [Hkv, G, N]
+        s.masked_fill_(~visible, float("-inf"))
+        s = (s - s.amax(dim=-1, keepdim=True)).exp()
+        out[r] = (torch.bmm(s, values) / s.sum(dim=-1, keepdim=True)).reshape(-1, d)
 
     def _content(
         self, m: MessagePlan, block: tuple[int, int, int, torch.Tensor], q: torch.Tensor, keys: torch.Tensor,

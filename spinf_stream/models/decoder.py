@@ -103,7 +103,7 @@ class Decoder:
         b = self.backend
         dev = self.device
         n_rows = layout.n_tokens
-        chunks = b.row_chunks(n_rows)
+        chunks = b.row_chunks(n_rows, layout.decode)
         n_pad = chunks[-1].stop if chunks else 0
         ids = torch.zeros(n_pad, dtype=torch.int64)
         ids[:n_rows] = layout.input_ids

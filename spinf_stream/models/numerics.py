@@ -37,7 +37,7 @@ from . import attention as attn
 from .backend import backend_class
 from .libraries import blas, blas_threads
 from .ops import Numerics
-from .torch_backend import HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
+from .torch_backend import DECODE_ROWS, HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
 
 if TYPE_CHECKING:
     from .decoder import Decoder
@@ -77,7 +77,8 @@ class ProbeReport:
 
 def _shapes(decoder: Decoder) -> list[tuple[str, torch.Tensor, torch.Tensor | None, int]]:
     """``(label, weight tile [N, K], bias, rows)`` of every distinct GEMM shape of layer 0's
-    linear layers (their column tiles) and of the LM head."""
+    linear layers (their column tiles, at the prefill's and the decode steps' row chunks) and of
+    the LM head."""
     lw = decoder.layers[0]
     inter = lw.gate_up.shape[0] // 2
     layers = (("q/k/v projection", lw.qkv, lw.qkv_bias, 0), ("attention output", lw.o, None, 0),
@@ -88,10 +89,11 @@ def _shapes(decoder: Decoder) -> list[tuple[str, torch.Tensor, torch.Tensor | No
         if not isinstance(w, torch.Tensor):
             continue
         for t in decoder.backend.column_tiles(width or w.shape[0]):
-            key = (t.stop - t.start, w.shape[1], ROW_CHUNK)
-            if key not in seen:
-                seen.add(key)
-                out.append((label, w[t], None if bias is None else bias[t], ROW_CHUNK))
+            for rows in (ROW_CHUNK, DECODE_ROWS):
+                key = (t.stop - t.start, w.shape[1], rows)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((label, w[t], None if bias is None else bias[t], rows))
     head, vocab = decoder.lm_head, decoder.lm_head.shape[0]
     out.append(("LM head tile", head[: min(HEAD_COLUMNS, vocab)], None, HEAD_ROWS))
     if vocab > HEAD_COLUMNS and vocab % HEAD_COLUMNS:

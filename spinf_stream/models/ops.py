@@ -111,9 +111,10 @@ class Backend:
         known before any probe runs."""
         raise NotImplementedError
 
-    def row_chunks(self, n_rows: int) -> list[slice]:
+    def row_chunks(self, n_rows: int, decode: bool = False) -> list[slice]:
         """How the token-wise ops cut ``n_rows`` rows: consecutive slices from 0; the last may end
-        past ``n_rows`` (the caller pads its buffers to ``chunks[-1].stop`` rows)."""
+        past ``n_rows`` (the caller pads its buffers to ``chunks[-1].stop`` rows). ``decode``: a
+        pass of decode steps (one row per open extraction; :attr:`PassLayout.decode`)."""
         return [slice(0, n_rows)] if n_rows else []
 
     def column_tiles(self, n_out: int) -> list[slice]:

@@ -32,6 +32,9 @@ from .workers import ComputePool
 #: token 0. Chosen by measurement (bench/README.md, "Fixed shapes"): 128 and 256 give the same
 #: throughput on full passes; 128 pads a short pass less.
 ROW_CHUNK = 128
+#: Rows per chunk of a pass of decode steps (a few rows per open extraction): its GEMMs are
+#: ``[16, K] @ [K, 512]``, a second fixed shape the bits probe checks too.
+DECODE_ROWS = 16
 #: Output columns per GEMM of a linear layer (the last tile of a layer narrower, fixed per model):
 #: a pass of few row chunks is split over the workers by (row chunk, tile) without changing a
 #: GEMM's shape.
@@ -80,7 +83,7 @@ class TorchBackend(Backend):
         return Numerics(
             isa=cpu_isa(),
             library=f"torch {torch.__version__.split('+')[0]}, {blas()}",
-            tiles=f"rows {ROW_CHUNK}, columns {COLUMN_TILE}, content blocks {attn.CONTENT_BLOCK}, "
+            tiles=f"rows {ROW_CHUNK} (decode {DECODE_ROWS}), columns {COLUMN_TILE}, content blocks {attn.CONTENT_BLOCK}, "
                   f"branch rows {attn.BRANCH_ROWS}, head {HEAD_ROWS}x{HEAD_COLUMNS}",
         )
 
@@ -98,8 +101,9 @@ class TorchBackend(Backend):
             self._pool = ComputePool(self.threads)
         return self._pool
 
-    def row_chunks(self, n_rows: int) -> list[slice]:
-        return [slice(r, r + ROW_CHUNK) for r in range(0, n_rows, ROW_CHUNK)]
+    def row_chunks(self, n_rows: int, decode: bool = False) -> list[slice]:
+        size = DECODE_ROWS if decode else ROW_CHUNK
+        return [slice(r, r + size) for r in range(0, n_rows, size)]
 
     def column_tiles(self, n_out: int) -> list[slice]:
         return [slice(c, min(c + COLUMN_TILE, n_out)) for c in range(0, n_out, COLUMN_TILE)]

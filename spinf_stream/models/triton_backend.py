@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from spinf_stream.engine.layout import PassLayout
-from .attention import KV
+from .attention import KV, carried_pieces
 from .libraries import cpu_isa, installed_version
 from .ops import HEAD_GROUP, Backend, Numerics, PassAttention, QuantizedWeight, Weight, apply_softcap
 
@@ -177,9 +177,10 @@ class TritonAttention:
             assert prefix is not None, "the pass attends to a preamble that was not passed"
             keys.append(prefix[0][: self.preamble_len])
             values.append(prefix[1][: self.preamble_len])
-        for ck, cv in carried:
-            keys.append(ck)
-            values.append(cv)
+        for c in carried:
+            for ck, cv in carried_pieces(c):
+                keys.append(ck)
+                values.append(cv)
         if keys:
             k = torch.cat([*keys, k])
             v = torch.cat([*values, v])
