@@ -290,6 +290,10 @@ class FakePrepared:
     text: str
     n_tokens: int
 
+    @property
+    def cost_tokens(self) -> int:  # no extraction questions: no decode steps
+        return self.n_tokens
+
 
 @dataclass
 class FakeScorer:

@@ -253,10 +253,14 @@ def test_a_decode_step_feeds_each_open_extraction_s_newest_token_only(tiny_model
     recs = eng.run(prepared)
     stats = eng.last_run
     decode_rows = stats.tokens_fed - sum(p.n_tokens for p in prepared)
-    n = sum(1 for r in recs for s in r.scores.values() if isinstance(s, dict) or hasattr(s, "tokens"))
+    n = sum(1 for r in recs for s in r.scores.values() if hasattr(s, "tokens"))
     written = sum(s.tokens for r in recs for s in r.scores.values() if hasattr(s, "tokens"))
     assert n == 8 and stats.extracted_tokens == written
     assert written - n <= decode_rows <= written
+    # what the batcher counts: the prefill and, at most, the decode steps
+    bound = sum(q.extract.max_tokens - 1 for q in pack.expand() if q.extract is not None)
+    assert all(p.decode_tokens == bound and p.cost_tokens == p.n_tokens + bound for p in prepared)
+    assert decode_rows <= sum(p.decode_tokens for p in prepared)
     longest = max(s.tokens for r in recs for s in r.scores.values() if hasattr(s, "tokens"))
     assert stats.decode_passes == longest - 1 or stats.decode_passes == longest  # one pass per step, all tips
 
@@ -297,6 +301,42 @@ def test_the_default_model_extracts_the_amount_and_currency_of_plain_money_messa
         steps = rec.scores["amount"].tokens + 1  # within 1e-4 a step (the stop step included)
         assert rec.scores["amount"].logprob == pytest.approx(want["logprob"], abs=1e-4 * steps)
         assert rec.scores["amount"].probability == pytest.approx(want["probability"], abs=1e-4 * steps)
+
+
+#: values that tokenize awkwardly (separators, decimals, percent, codes, words, a minus, multi-byte
+#: symbols, a value cut by max_tokens) and a message with none
+AWKWARD = [
+    "Shares rose 3.5% after 1,000,000 units were sold.",
+    "Total due: £49.99 by Friday.",
+    "Bitte überweisen Sie € 1.200,50 bis Montag.",
+    "Invoice 7: USD 250 now, or 250 rupees in cash.",
+    "It fell to -12 degrees; the fine is ₹3,000.",
+    "Thanks, see you tomorrow!",
+]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b"])
+def test_real_models_extract_awkward_values_like_transformers_masked_generate(loaded, pack, model):
+    """The three shipped models on values that tokenize awkwardly: the same text, token count,
+    logprob, probability and none probability as transformers' masked greedy generate."""
+    from spinf_stream.models.resolve import resolve
+
+    path = resolve(model).path
+    decoder, tok = loaded(path)
+    records = Engine(decoder, tok, pack, model).score([Message(id=str(i), fields={"text": t}) for i, t in enumerate(AWKWARD)])
+    hf, vocab = load_hf(str(path)), _token_bytes(tok)
+    questions = {q.id: q for q in pack.expand()}
+    for rec, text in zip(records, AWKWARD):
+        for qid in ("count", "amount"):
+            got, want = rec.scores[qid], _oracle(hf, tok, pack, {"text": text}, questions[qid], vocab)
+            written = b"".join(vocab[t] for t in want["tokens"]).decode("utf-8").strip(" ")
+            assert got.tokens == len(want["tokens"]), (model, text, qid, got, written)
+            assert (got.answer is None and written == "none") or got.answer == written, (model, text, qid, got, written)
+            steps = got.tokens + 1
+            assert got.logprob == pytest.approx(want["logprob"], abs=1e-4 * steps), (model, text, qid, got, want)
+            assert got.probability == pytest.approx(want["probability"], abs=1e-4 * steps), (model, text, qid, got, want)
+            assert got.none_probability == pytest.approx(want["none_probability"], abs=1e-4), (model, text, qid)
 
 
 @pytest.mark.parametrize(("text", "whole"), [

@@ -132,7 +132,7 @@ def test_run_iter_yields_the_records_of_run_about_one_pass_at_a_time(tiny_models
     assert len(groups) > 1 and all(groups)
     first = 0
     for g in groups:  # each group fits the budget, or is one message alone
-        assert len(g) == 1 or sum(p.n_tokens for p in prepared[first : first + len(g)]) <= 300
+        assert len(g) == 1 or sum(p.cost_tokens for p in prepared[first : first + len(g)]) <= 300
         first += len(g)
     flat = [r for g in groups for r in g]
     assert [r.id for r in flat] == [r["id"] for r in rows]

@@ -20,7 +20,7 @@ class TwoFieldScorer:
         out = []
         for m in messages:
             size = len(m.fields["title"]) + len(m.fields["body"])
-            out.append(ErrorRecord(id=m.id, error=ErrorInfo(kind="too_long", message="x")) if size > 50 else SimpleNamespace(id=m.id, fields=dict(m.fields), n_tokens=size))
+            out.append(ErrorRecord(id=m.id, error=ErrorInfo(kind="too_long", message="x")) if size > 50 else SimpleNamespace(id=m.id, fields=dict(m.fields), n_tokens=size, cost_tokens=size))
         return out
 
 

@@ -14,7 +14,7 @@ import pytest
 from spinf_stream.config import DevSettings
 from spinf_stream.stream.dev import run_dev
 from spinf_stream.telemetry.logs import JsonFormatter, configure_logging
-from spinf_stream.telemetry.recorder import PartitionSample, Sample, StreamTelemetry
+from spinf_stream.telemetry.recorder import EngineWork, PartitionSample, Sample, StreamTelemetry
 from broker import (  # noqa: F401  (fixtures)
     FakeScorer,
     json_line,
@@ -75,6 +75,21 @@ def test_the_status_line_reports_counts_lag_and_rates(caplog):
     assert (rec.consumed, rec.scored, rec.dead_lettered, rec.inflight, rec.lag) == (30, 20, 2, 4, 10)
     assert rec.time_lag_s == 2.5 and rec.paused == 1 and rec.partitions == 2
     assert rec.records_per_s > 0 and rec.questions_per_s == 0
+
+
+def test_the_status_line_counts_decode_passes_and_extracted_tokens(caplog):
+    tel = StreamTelemetry(status_interval_s=0.01)
+    parts = (PartitionSample("in", 0, 0, None, False),)
+    for decode_passes, extracted in ((3, 17), (2, 5)):
+        batch = tel.batch_started([None], [0.0], 40)
+        tel.batch_finished(batch, 0.1, 4, EngineWork(passes=decode_passes + 1, tokens_computed=128,
+                                                     decode_passes=decode_passes, extracted_tokens=extracted), 40, written=1)
+    with caplog.at_level(logging.INFO, logger="spinf_stream.stream.status"):
+        time.sleep(0.02)
+        tel.observe(Sample(parts, inflight=0, consumed=2, scored=2, dead_lettered=0))
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("status:")]
+    assert (rec.decode_passes, rec.extracted_tokens) == (5, 22)
+    assert rec.getMessage().endswith("22 tokens extracted in 5 decode passes")
 
 
 @pytest.mark.broker

@@ -229,19 +229,19 @@ class Engine:
 
     def run_iter(self, prepared: Sequence[PreparedMessage]) -> Iterator[list[ScoreRecord]]:
         """Like :meth:`run`, but yields as it goes: the records of about one forward pass at a time
-        (consecutive messages whose tokens fit the token budget; a longer message alone), in input
-        order. Scores are those of :meth:`run`: they do not depend on the passes' composition.
+        (consecutive messages whose ``cost_tokens`` — prefill and decode steps — fit the token
+        budget; a longer message alone), in input order. Scores are those of :meth:`run`: they do not depend on the passes' composition.
 
         Stop early by closing the iterator: no pass starts after the one in flight.
         """
         group: list[PreparedMessage] = []
         used = 0
         for p in prepared:
-            if group and used + p.n_tokens > self.token_budget:
+            if group and used + p.cost_tokens > self.token_budget:
                 yield self.run(group)
                 group, used = [], 0
             group.append(p)
-            used += p.n_tokens
+            used += p.cost_tokens
         if group:
             yield self.run(group)
 

@@ -72,11 +72,19 @@ class PreparedMessage:
     use_preamble: bool
     prefix_len: int
     branches: tuple[Branch, ...]
+    #: the most rows its decode steps can feed: over its extraction questions, ``max_tokens - 1``
+    decode_tokens: int = 0
 
     @property
     def n_tokens(self) -> int:
         """Tokens this message adds to forward passes (content once + every branch)."""
         return len(self.content) + sum(len(b) for b in self.branches)
+
+    @property
+    def cost_tokens(self) -> int:
+        """What a batch's token budget counts for it: :attr:`n_tokens` (its prefill) plus
+        :attr:`decode_tokens` (its decode steps, at most)."""
+        return self.n_tokens + self.decode_tokens
 
 
 def _common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -253,7 +261,8 @@ class Segmenter:
         choices = self._choice_tokens(prompts, seam, first, splits)
         branches = tuple(_build_branch(k, br, ch) for k, (br, ch) in enumerate(zip(own, choices)))
         self._check_length(prefix_len + len(content), branches)
-        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches)
+        decode = sum(max(self.written[b.question] - 1, 0) for b in branches)
+        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches, decode)
 
     def _question_tokens(
         self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], offsets: list[tuple[int, int]]

@@ -69,7 +69,8 @@ class Batcher(Generic[T]):
     # -- pure bookkeeping ---------------------------------------------------------------------
 
     def add(self, item: T, n_tokens: int, now: float | None = None) -> None:
-        """Append ``item`` (``n_tokens`` packed tokens) to the open batch, closing batches as needed."""
+        """Append ``item`` (``n_tokens``: what it costs the budget, its ``cost_tokens``: prefill
+        tokens and at most its decode steps) to the open batch, closing batches as needed."""
         now = self._clock() if now is None else now
         b = self._open
         if b is not None and b.items and b.tokens + n_tokens > self.token_budget:

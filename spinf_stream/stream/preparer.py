@@ -87,7 +87,7 @@ class Preparer:
                         self._writer.dead_letter(slot, kind, item.error.message, message_id=slot.message_id, policy=policy)
                         touched[slot.part.tp] = slot.part
                     else:
-                        self._batcher.add((slot, item), int(item.n_tokens))
+                        self._batcher.add((slot, item), int(item.cost_tokens))
                 for part in touched.values():
                     self._writer.release(part)
             finally:

@@ -5,7 +5,7 @@ The service needs an object with ``prepare``/``run``/``model_info``/``pack`` (:c
 typed: messages in; a :class:`~spinf_stream.engine.segment.PreparedMessage` or an
 :class:`~spinf_stream.engine.results.ErrorRecord` per message out of ``prepare``; a
 :class:`~spinf_stream.engine.results.ScoreRecord` or an ``ErrorRecord`` per prepared message out of
-``run``. This module never touches tensors: it calls the two methods, reads ``n_tokens`` and
+``run``. This module never touches tensors: it calls the two methods, reads ``cost_tokens`` and
 tells records apart from errors.
 
 Both helpers here are blocking; the service calls them in worker threads.
@@ -48,7 +48,8 @@ class Scorer(Protocol):
     """What the stream needs from the engine (``spinf_stream.engine.Engine`` satisfies it).
 
     ``prepare(messages)`` tokenizes (cheap, thread-safe) and returns, per message, a
-    ``PreparedMessage`` (``n_tokens``: tokens it adds to a forward pass) or an ``ErrorRecord``.
+    ``PreparedMessage`` (``cost_tokens``: what it adds to a batch's token budget, its prefill
+    tokens and at most its decode steps) or an ``ErrorRecord``.
     ``run(prepared)`` runs the forward passes (blocking) and returns, in order, a ``ScoreRecord``
     or an ``ErrorRecord`` per item. ``model_info`` is the ``model`` block of its records (name,
     weights' sha256, device, dtype, kernels); ``pack`` has ``name``, ``version`` and ``fields``.

@@ -414,7 +414,7 @@ class ScoringService:
         live = [(slot, item) for slot, item in batch if not slot.part.revoked]
         if not live:
             return None
-        tokens = sum(int(item.n_tokens) for _, item in live)
+        tokens = sum(int(item.cost_tokens) for _, item in live)
         self.stats.batches += 1
         self.stats.batch_messages += len(live)
         self.stats.batch_tokens += tokens

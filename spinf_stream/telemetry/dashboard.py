@@ -155,6 +155,12 @@ PANELS: tuple[Panel, ...] = (
     Panel("Padding and recomputation", "percentunit", (
         _q("spinf.tokens.useful", "one_minus_ratio", "share of computed tokens not needed", other="spinf.tokens.computed"),
     ), "1 - useful tokens / computed tokens."),
+    Panel("Extraction: decode passes and extracted tokens", "short", (
+        _q("spinf.decode.passes", "rate", "decode passes/s"),
+        _q("spinf.tokens.extracted", "rate", "extracted tokens/s"),
+        _q("spinf.forward.passes", "rate", "forward passes/s (all)"),
+    ), "Packs with extraction questions: the decode steps' passes (one per step of a batch, over all its open "
+       "extractions) and the tokens they wrote."),
     Panel("Dead letters by error.type", "reqps", (
         _q("spinf.records.dead_lettered", "rate", "{{error_type}}", by=(m.ERROR_TYPE,)),
     ), "Records per second sent to the dead-letter topic, by reason."),

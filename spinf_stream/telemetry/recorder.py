@@ -145,6 +145,7 @@ class StreamTelemetry:
         self._topic_attrs: dict[str, dict[str, Any]] = {}
         self._questions = 0
         self._status_at = time.monotonic()  # the first status line comes one interval after start
+        self._decode_passes = self._extracted = 0  # since start, for the status line
         self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
         self._i = self._instruments(meter)
 
@@ -265,8 +266,10 @@ class StreamTelemetry:
             i["spinf.forward.passes"].add(work.passes)
         if work.decode_passes is not None:
             i["spinf.decode.passes"].add(work.decode_passes)
+            self._decode_passes += work.decode_passes
         if work.extracted_tokens is not None:
             i["spinf.tokens.extracted"].add(work.extracted_tokens)
+            self._extracted += work.extracted_tokens
         i["spinf.tokens.useful"].add(useful_tokens)
         i["spinf.tokens.computed"].add(work.tokens_computed if work.tokens_computed is not None else useful_tokens)
         if batch.span is None or self._tracer is None:
@@ -387,12 +390,15 @@ class StreamTelemetry:
             "records_per_s": round((s.scored + s.dead_lettered - sc0 - dl0) / dt, 2),
             "questions_per_s": round((self._questions - q0) / dt, 2),
             "partitions": len(s.partitions), "paused": sum(p.paused for p in s.partitions),
+            "decode_passes": self._decode_passes, "extracted_tokens": self._extracted,
         }
+        extraction = (f", {self._extracted} tokens extracted in {self._decode_passes} decode passes"
+                      if self._extracted or self._decode_passes else "")
         log.info(
             "status: consumed %d, scored %d, dead-lettered %d, in flight %d, lag %s messages (%.1f s), "
-            "%.1f records/s, %.1f questions/s",
+            "%.1f records/s, %.1f questions/s%s",
             s.consumed, s.scored, s.dead_lettered, s.inflight, "?" if fields["lag"] is None else fields["lag"],
-            fields["time_lag_s"], fields["records_per_s"], fields["questions_per_s"],
+            fields["time_lag_s"], fields["records_per_s"], fields["questions_per_s"], extraction,
             extra=fields,
         )
 
