@@ -28,7 +28,7 @@ demo: setup
 	$(BIN)/spinf-stream dev --pack $(PACK) --model $(MODEL) --input examples/messages.jsonl --until-done --port 0
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model"

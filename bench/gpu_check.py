@@ -19,7 +19,11 @@ peak measured in this run (bf16 ``torch.mm`` 8192³; fp8 ``torch._scaled_mm``), 
 with a quarter of the token budget = with a budget below one document), and the
 same workload through transformers on the same weights and GPU: (a) one prompt per question (one
 question sampled per document) and (b) the document's KV cache reused for every question, as
-ratios of questions/s. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
+ratios of questions/s. Then the same documents with 4 more questions that each generate 12 tokens (issue 19's workload;
+``--tiny``: 2 of 3 tokens), as ``extraction`` in each line: questions/s of the whole pack,
+extracted tokens/s, decode passes against the longest extraction, digests (choices and
+extractions) equal alone, in the batch and reversed under a budget below one document, and the
+ratio to (b) with one greedy ``generate`` call per extraction question. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
 12B shape, >= 5x (b), MFU >= 50 %, digests equal, <= 5 % slower than ``--non-invariant``.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -48,7 +53,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from spinf_stream.engine.runner import score_passes  # noqa: E402
+from spinf_stream.engine.decoding import Grammars  # noqa: E402
+from spinf_stream.engine.grammar import GrammarSpec, TokenGrammar  # noqa: E402
+from spinf_stream.engine.runner import run_passes, score_passes  # noqa: E402
 from spinf_stream.engine.layout import plan_passes  # noqa: E402
 from spinf_stream.models import build_decoder, spec_for  # noqa: E402
 from spinf_stream.models.backend import make_backend  # noqa: E402
@@ -99,6 +106,47 @@ def workload(vocab: int, docs: int, doc_len: int, questions: int, q_len: int, se
         PreparedMessage(i, f"doc{i}", tuple(rng.randrange(10, vocab) for _ in range(doc_len)), False, 0, branches)
         for i in range(docs)
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeText:
+    """What a decode step reads of a pack's extraction question: free text (``generate``) of
+    ``max_tokens`` tokens, no none word; the stop string is never written (see :func:`grammars`)."""
+
+    max_tokens: int
+    kind: str = "generate"
+    stop: str = "\n"
+    none: str | None = None
+
+
+def with_extractions(prepared: list[PreparedMessage], vocab: int, n: int, q_len: int, max_tokens: int,
+                     seed: int = 5) -> tuple[list[PreparedMessage], Grammars]:
+    """Each document with ``n`` more questions that generate ``max_tokens`` tokens (random question
+    tokens), and their grammars over a vocabulary of ``<id>`` strings (no token holds the stop
+    string, so every extraction writes exactly ``max_tokens`` tokens)."""
+    rng = random.Random(seed)
+    q0 = len(prepared[0].branches)
+    extra = tuple(
+        Branch(q0 + j, tuple(rng.randrange(10, vocab) for _ in range(q_len)), tuple(range(-1, q_len - 1)),
+               tuple(range(q_len)), (q_len - 1,), ())
+        for j in range(n)
+    )
+    out = [dataclasses.replace(m, branches=m.branches + extra, decode_tokens=n * (max_tokens - 1)) for m in prepared]
+    words = tuple(f"<{i}>".encode() for i in range(vocab))
+    g = TokenGrammar.build(GrammarSpec("text", none=None), words, set())
+    spec = FreeText(max_tokens)
+    return out, Grammars({q0 + j: spec for j in range(n)}, {q0 + j: g for j in range(n)}, words)  # type: ignore[arg-type]
+
+
+def extraction_digests(sums: list[dict[int, list[float]]], extracted: list[dict[int, Any]]) -> list[str]:
+    """Per document: the choices' logprobs and every extraction's answer and numbers."""
+    out = []
+    for s, x in zip(sums, extracted):
+        h = hashlib.sha256(digest(s).encode())
+        for q in sorted(x):
+            h.update(repr(dataclasses.astuple(x[q])).encode())
+        out.append(h.hexdigest())
+    return out
 
 
 def digest(sums: dict[int, list[float]]) -> str:
@@ -190,6 +238,39 @@ def hf_kv_reuse(model: Any, prepared: list[PreparedMessage], device: torch.devic
     return asked, time.perf_counter() - t0
 
 
+def hf_kv_reuse_generate(model: Any, prepared: list[PreparedMessage], grammars: Grammars,
+                         device: torch.device) -> tuple[int, int, float]:
+    """(b) with extractions: the choice questions as :func:`hf_kv_reuse`, then one greedy
+    ``generate`` call per extraction question over a copy of the document's cache (exactly
+    ``max_tokens`` tokens each). Returns (questions, tokens written, seconds)."""
+    from transformers import DynamicCache
+
+    sync(device)
+    t0 = time.perf_counter()
+    asked = written = 0
+    with torch.inference_mode():
+        for m in prepared:
+            base = DynamicCache(config=model.config)
+            model(torch.tensor([m.content], device=device), past_key_values=base, use_cache=True, logits_to_keep=1)
+            n = len(m.content)
+            for b in m.branches:
+                cache = copy.deepcopy(base)
+                ids = torch.tensor([m.content + b.tokens], device=device)
+                spec = grammars.specs.get(b.question)
+                if spec is None:
+                    out = model(ids[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                                position_ids=torch.arange(n, n + len(b.tokens), device=device)[None])
+                    out.logits[0, -1].float().log_softmax(-1)[[YES, NO]].tolist()
+                else:
+                    got = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                                         max_new_tokens=spec.max_tokens, min_new_tokens=spec.max_tokens,
+                                         do_sample=False, pad_token_id=0)
+                    written += got.shape[1] - ids.shape[1]
+                asked += 1
+    sync(device)
+    return asked, written, time.perf_counter() - t0
+
+
 def hf_prompt_per_question(model: Any, prepared: list[PreparedMessage], device: torch.device) -> tuple[int, float]:
     """(a): one whole prompt per question, no cache; one question sampled per document."""
     rng = random.Random(1)
@@ -277,6 +358,32 @@ def run_setting(
     budgets = {b: score_passes(decoder, prepared, b, None, 0, n_choices)[0] for b in small}
     d_batch, d_rev, d_alone, d_shuf = ([digest(s) for s in sums] for sums in (batch, reverse, alone, shuffled))
     d_budgets = {b: [digest(s) for s in sums] for b, sums in budgets.items()}
+    extraction = None
+    if "kv_reuse_generate" in baselines:  # the same documents with extraction questions
+        prepared_x, grammars = baselines["extraction_workload"]  # type: ignore[misc]
+        n_x = [2] * len(prepared_x[0].branches)
+        run_passes(decoder, prepared_x[:1], budget, None, 0, n_x, grammars)
+        sync(device)
+        t0 = time.perf_counter()
+        sums_x, got_x, stats_x = run_passes(decoder, prepared_x, budget, None, 0, n_x, grammars)
+        sync(device)
+        seconds_x = time.perf_counter() - t0
+        alone_x = [run_passes(decoder, [m], budget, None, 0, n_x, grammars)[:2] for m in prepared_x]
+        small_x = run_passes(decoder, prepared_x[::-1], small[1], None, 0, n_x, grammars)[:2]
+        d_x = extraction_digests(sums_x, got_x)
+        d_alone_x = [extraction_digests(*a)[0] for a in alone_x]
+        d_small_x = extraction_digests(small_x[0][::-1], small_x[1][::-1])
+        bq, bt, bs = baselines["kv_reuse_generate"]
+        q_x = sum(len(m.branches) for m in prepared_x)
+        extraction = {
+            "questions": q_x, "extraction_questions": len(grammars.specs), "seconds": round(seconds_x, 4),
+            "questions_per_s": round(q_x / seconds_x, 1), "extracted_tokens": stats_x.extracted_tokens,
+            "extracted_tokens_per_s": round(stats_x.extracted_tokens / seconds_x, 1),
+            "decode_passes": stats_x.decode_passes, "longest_extraction": max(r.tokens for x in got_x for r in x.values()),
+            "digests_equal": d_x == d_alone_x == d_small_x,
+            "hf_kv_reuse_generate_qps": round(bq / bs, 2), "hf_extracted_tokens": bt,
+            "ratio_vs_kv_reuse_generate": round((q_x / seconds_x) / (bq / bs), 2),
+        }
     kv_q, kv_s = baselines["kv_reuse"]
     pp_q, pp_s = baselines["prompt_per_question"]
     qps = questions / seconds
@@ -293,6 +400,7 @@ def run_setting(
         **{f"digests_budget_{b}_vs_batch": sum(a == c for a, c in zip(d, d_batch)) for b, d in d_budgets.items()},
         "hf_kv_reuse_qps": round(kv_q / kv_s, 1), "hf_prompt_per_question_qps": round(pp_q / pp_s, 2),
         "ratio_vs_kv_reuse": round(qps / (kv_q / kv_s), 2), "ratio_vs_prompt_per_question": round(qps / (pp_q / pp_s), 2),
+        "extraction": extraction,
     }
     del decoder
     if device.type == "cuda":
@@ -348,12 +456,19 @@ def main(argv: list[str] | None = None) -> int:
             continue
         model, sd = build(config, device, 0)
         prepared = workload(config.vocab_size, docs, doc_len, questions, q_len)
-        baselines = {
+        baselines: dict[str, Any] = {
             "kv_reuse": hf_kv_reuse(model, prepared, device),
             "prompt_per_question": hf_prompt_per_question(model, prepared, device),
         }
+        # the same documents with 4 extraction questions (12 tokens each; --tiny: 2 of 3 tokens)
+        prepared_x, grammars = with_extractions(prepared, config.vocab_size, 2 if args.tiny else 4, q_len,
+                                                3 if args.tiny else 12)
+        baselines["extraction_workload"] = (prepared_x, grammars)
+        baselines["kv_reuse_generate"] = hf_kv_reuse_generate(model, prepared_x, grammars, device)
         for dtype, kernels in settings:
-            line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, baselines)
+            plain = {k: baselines[k] for k in ("kv_reuse", "prompt_per_question")}
+            given = plain if args.tiny and dtype != "float32" else baselines  # --tiny: extraction once
+            line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, given)
             print(json.dumps(line), flush=True)
         del model, sd
         if device.type == "cuda":

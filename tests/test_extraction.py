@@ -283,60 +283,46 @@ def test_the_triton_path_writes_the_same_values_as_the_torch_path(tiny_models, l
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4) and a.probability == pytest.approx(b.probability, abs=1e-4)
 
 
-@pytest.mark.real_model
-def test_the_default_model_extracts_the_amount_and_currency_of_plain_money_messages(loaded, pack):
-    from spinf_stream.models.resolve import resolve
-
-    path = resolve("qwen2.5-coder-0.5b").path
-    decoder, tok = loaded(path)
-    got = Engine(decoder, tok, pack, "qwen2.5-coder-0.5b").score(
-        [Message(id="a", fields={"text": "Pay £250 now"}), Message(id="b", fields={"text": "You won $1,000"})])
-    assert [(r.scores["amount"].value, r.scores["amount"].currency) for r in got] == [(250.0, "GBP"), (1000.0, "USD")]
-    vocab = _token_bytes(tok)
-    hf = load_hf(str(path))
-    question = next(q for q in pack.expand() if q.id == "amount")
-    for rec, text in zip(got, ["Pay £250 now", "You won $1,000"]):
-        want = _oracle(hf, tok, pack, {"text": text}, question, vocab)
-        assert rec.scores["amount"].tokens == len(want["tokens"])
-        steps = rec.scores["amount"].tokens + 1  # within 1e-4 a step (the stop step included)
-        assert rec.scores["amount"].logprob == pytest.approx(want["logprob"], abs=1e-4 * steps)
-        assert rec.scores["amount"].probability == pytest.approx(want["probability"], abs=1e-4 * steps)
-
-
-#: values that tokenize awkwardly (separators, decimals, percent, codes, words, a minus, multi-byte
-#: symbols, a value cut by max_tokens) and a message with none
+#: (message, question): values that tokenize awkwardly (separators, decimals, percent, codes, words,
+#: a minus, multi-byte symbols, a value longer than max_tokens) and a message with none
 AWKWARD = [
-    "Shares rose 3.5% after 1,000,000 units were sold.",
-    "Total due: £49.99 by Friday.",
-    "Bitte überweisen Sie € 1.200,50 bis Montag.",
-    "Invoice 7: USD 250 now, or 250 rupees in cash.",
-    "It fell to -12 degrees; the fine is ₹3,000.",
-    "Thanks, see you tomorrow!",
+    ("Shares rose 3.5% after the results.", "count"),
+    ("Total due: £49.99 by Friday.", "amount"),
+    ("Bitte überweisen Sie € 1.200,50 bis Montag.", "amount"),
+    ("Invoice 7: USD 250 now, or 250 rupees in cash.", "amount"),
+    ("It fell to -12 degrees overnight.", "count"),
+    ("Thanks, see you tomorrow!", "amount"),
+    ("A fine of ₹3,000 for 1,250,000,000 users.", "count"),
 ]
+#: the default model's plain money messages, and the value and currency it must extract
+PLAIN_MONEY = {"Pay £250 now": (250.0, "GBP"), "You won $1,000": (1000.0, "USD")}
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b"])
 def test_real_models_extract_awkward_values_like_transformers_masked_generate(loaded, pack, model):
     """The three shipped models on values that tokenize awkwardly: the same text, token count,
-    logprob, probability and none probability as transformers' masked greedy generate."""
+    logprob, probability and none probability as transformers' masked greedy generate. The
+    default model also extracts the amount and currency of plain money messages right."""
     from spinf_stream.models.resolve import resolve
 
     path = resolve(model).path
     decoder, tok = loaded(path)
-    records = Engine(decoder, tok, pack, model).score([Message(id=str(i), fields={"text": t}) for i, t in enumerate(AWKWARD)])
+    cases = AWKWARD + ([(t, "amount") for t in PLAIN_MONEY] if model == "qwen2.5-coder-0.5b" else [])
+    records = Engine(decoder, tok, pack, model).score([Message(id=str(i), fields={"text": t}) for i, (t, _) in enumerate(cases)])
     hf, vocab = load_hf(str(path)), _token_bytes(tok)
     questions = {q.id: q for q in pack.expand()}
-    for rec, text in zip(records, AWKWARD):
-        for qid in ("count", "amount"):
-            got, want = rec.scores[qid], _oracle(hf, tok, pack, {"text": text}, questions[qid], vocab)
-            written = b"".join(vocab[t] for t in want["tokens"]).decode("utf-8").strip(" ")
-            assert got.tokens == len(want["tokens"]), (model, text, qid, got, written)
-            assert (got.answer is None and written == "none") or got.answer == written, (model, text, qid, got, written)
-            steps = got.tokens + 1
-            assert got.logprob == pytest.approx(want["logprob"], abs=1e-4 * steps), (model, text, qid, got, want)
-            assert got.probability == pytest.approx(want["probability"], abs=1e-4 * steps), (model, text, qid, got, want)
-            assert got.none_probability == pytest.approx(want["none_probability"], abs=1e-4), (model, text, qid)
+    for rec, (text, qid) in zip(records, cases):
+        got, want = rec.scores[qid], _oracle(hf, tok, pack, {"text": text}, questions[qid], vocab)
+        written = b"".join(vocab[t] for t in want["tokens"]).decode("utf-8").strip(" ")
+        assert got.tokens == len(want["tokens"]), (model, text, qid, got, written)
+        assert (got.answer is None and written == "none") or got.answer == written, (model, text, qid, got, written)
+        steps = got.tokens + 1  # within 1e-4 a step (the stop step included)
+        assert got.logprob == pytest.approx(want["logprob"], abs=1e-4 * steps), (model, text, qid, got, want)
+        assert got.probability == pytest.approx(want["probability"], abs=1e-4 * steps), (model, text, qid, got, want)
+        assert got.none_probability == pytest.approx(want["none_probability"], abs=1e-4), (model, text, qid)
+        if text in PLAIN_MONEY:
+            assert (got.value, got.currency) == PLAIN_MONEY[text], (text, got)
 
 
 @pytest.mark.parametrize(("text", "whole"), [

@@ -1,6 +1,6 @@
 """bench/gpu_check.py — the script run on a GPU machine — runs end to end here on a tiny shape
 through Triton's interpreter (``--tiny``), with only what a bare GPU image has: torch, triton,
-transformers (pydantic, orjson, platformdirs, aiokafka are hidden from it)."""
+transformers (pydantic, orjson, platformdirs, aiokafka, interegular are hidden from it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 from conftest import REPO
 
-HIDDEN = ["pydantic", "pydantic_settings", "orjson", "platformdirs", "aiokafka", "opentelemetry"]  # not in the GPU image
+HIDDEN = ["pydantic", "pydantic_settings", "orjson", "platformdirs", "aiokafka", "opentelemetry", "interegular"]  # not in the GPU image
 RUN = (
     "import sys, runpy\n"
     f"for m in {HIDDEN!r}: sys.modules[m] = None\n"
@@ -36,3 +36,6 @@ def test_gpu_check_runs_end_to_end_on_a_tiny_shape_without_the_service_dependenc
             assert key in s, key
         assert s["digests_equal"] is True, s
         assert s["passes"] > s["documents"]  # the tiny budget splits every document over passes
+    (x,) = [s["extraction"] for s in settings if s["extraction"]]  # issue 19's workload, once under --tiny
+    assert x["digests_equal"] is True and x["extracted_tokens"] == x["hf_extracted_tokens"] == 3 * 2 * 3, x
+    assert x["decode_passes"] == x["longest_extraction"] - 1 == 2, x  # one pass per step, all documents' tips

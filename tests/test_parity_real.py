@@ -16,7 +16,7 @@ from spinf_stream.packs import load_pack
 pytestmark = pytest.mark.real_model
 
 MODELS = ["smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b"]
-N_MESSAGES = 24
+N_MESSAGES = 20
 #: messages per pack also checked against transformers WITHOUT its own prefix cache
 N_NO_CACHE = 3
 

@@ -30,7 +30,6 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import interegular
 import torch
 
 __all__ = ["KINDS", "Extracted", "GrammarSpec", "Kind", "TokenGrammar", "token_bytes"]
@@ -193,6 +192,8 @@ class _ByteDFA:
     """An FSM as dense tables: ``next[state][byte]`` (-1 = dead), states that can reach a final."""
 
     def __init__(self, pattern: str) -> None:
+        import interegular  # here: text and generate grammars (bench/gpu_check.py) need no FSM
+
         fsm = interegular.parse_pattern(pattern).to_fsm()
         index = {s: i for i, s in enumerate(sorted(fsm.states))}
         table = [[-1] * 256 for _ in index]
