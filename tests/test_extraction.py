@@ -333,3 +333,34 @@ def test_a_text_cut_by_max_tokens_inside_a_character_drops_the_partial_character
     from spinf_stream.engine.decoding import _whole_characters
 
     assert _whole_characters(text) == whole
+
+
+def _decode(kind: str, picks: list[int], max_tokens: int):
+    """An extraction driven token by token over a small vocabulary: each step's logits favour
+    ``picks[step]`` (a breaker's report: values cut by max_tokens)."""
+    from spinf_stream.engine.decoding import OpenExtraction
+    from spinf_stream.engine.grammar import GrammarSpec, TokenGrammar
+    from spinf_stream.engine.segment import Branch
+    from spinf_stream.packs.pack import Extraction
+
+    vocab = [b"", b"\n", b" 2", b"5", b"0", b" \xe2", b"\x82", b"\xac"]  # EOS, newline, digits, "€" in pieces
+    g = TokenGrammar.build(GrammarSpec(kind, none=None), vocab, {0})
+    o = OpenExtraction(0, 0, Extraction(kind, max_tokens, "\n", None), g, Branch(0, (1,), (-1,), (0,), (0,), ()), g.start)
+    for pick in picks:
+        if o.done:
+            break
+        logits = torch.full((len(vocab),), -5.0)
+        logits[pick] = 5.0
+        o.step(logits, torch.logsumexp(logits, 0), vocab)
+    return o.result()
+
+
+def test_a_number_or_amount_ended_by_max_tokens_has_no_value_and_no_partial_character():
+    stopped = _decode("number", [2, 3, 4, 1], max_tokens=4)
+    assert (stopped.answer, stopped.value, stopped.tokens) == ("250", 250.0, 3)
+    cut = _decode("number", [2, 3, 4, 1], max_tokens=3)  # "250" and the model still writing
+    assert (cut.answer, cut.value, cut.tokens) == ("250", None, 3)
+    money = _decode("money", [2, 3, 4, 5, 6, 7, 1], max_tokens=7)
+    assert (money.answer, money.value, money.currency) == ("250 €", 250.0, "EUR")
+    half = _decode("money", [2, 3, 4, 5, 6, 7, 1], max_tokens=5)  # cut inside "€"
+    assert (half.answer, half.value, half.currency, half.tokens) == ("250 ", None, None, 5)

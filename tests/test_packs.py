@@ -395,6 +395,14 @@ def test_a_pack_of_extraction_questions_needs_no_top_level_choices(tmp_path: Pat
     ("extract: number\n    none: '0'", "questions[3].none", "must be a word (letters, no digits)"),
     ("generate: {max_tokens: 5, foo: 1}", "questions[3].generate.foo", "unknown key (allowed: max_tokens, stop)"),
     ("generate: {max_tokens: 300}", "questions[3].generate.max_tokens", "must be 1 to 256 tokens, got 300"),
+    ("extract: number\n    none: ' none'", "questions[3].none", "must not begin or end with a space"),
+    ("extract: text\n    none: 'none '", "questions[3].none", "must not begin or end with a space"),
+    ("extract: text\n    stop: e", "questions[3].stop", "holds the stop string 'e'"),
+    ('extract: text\n    none: "no\\nne"', "questions[3].none", "holds the stop string"),
+    ("extract: number\n    max_tokens: 10.0", "questions[3].max_tokens", "must be a whole number of tokens, got '10.0'"),
+    ("extract: number\n    max_tokens: ' 5'", "questions[3].max_tokens", "must be a whole number of tokens, got ' 5'"),
+    ("generate: {max_tokens: 1_0}", "questions[3].generate.max_tokens", "must be a whole number of tokens"),
+    ("generate: {max_tokens: 4}\n    max_tokens: 5", "questions[3].max_tokens", "inside it: generate: {max_tokens"),
 ])
 def test_a_bad_extraction_question_fails_at_load_naming_file_and_key(tmp_path: Path, lines: str, key: str, says: str) -> None:
     text = GOOD + f"  - id: q\n    text: What?\n    {lines}\n"

@@ -136,13 +136,18 @@ class OpenExtraction:
         return self.grammar.is_stop(token)
 
     def result(self) -> ExtractionResult:
-        text = bytes(self.text)
-        if self.spec.kind in ("text", "generate"):
-            text = _whole_characters(text)
-        got = self.grammar.finish(self.state if self.spec.kind not in ("text", "generate") else None, text)
+        """What was written: a character cut short by ``max_tokens`` dropped; a number or an
+        amount that ``max_tokens`` ended before its stop token has no ``value`` (the model was
+        still writing it)."""
+        text = _whole_characters(bytes(self.text))
+        free = self.spec.kind in ("text", "generate")
+        got = self.grammar.finish(None if free else self.state, text)
+        value, currency = got.value, got.currency
+        if not free and not self.stopped:
+            value = currency = None
         return ExtractionResult(
-            kind=self.spec.kind, answer=got.answer, value=got.value,
-            currency=got.currency if self.spec.kind == "money" else None,
+            kind=self.spec.kind, answer=got.answer, value=value,
+            currency=currency if self.spec.kind == "money" else None,
             probability=_clamp(math.exp(self.log_probability)), logprob=min(self.logprob, 0.0),
             none_probability=self.none_probability, tokens=len(self.written), min_token_probability=_clamp(self.min_p),
         )

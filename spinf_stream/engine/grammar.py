@@ -339,7 +339,7 @@ class TokenGrammar:
         spec = self.spec
         if spec.kind == "text":
             answer = text.split(spec.stop.encode(), 1)[0].decode(errors="replace").lstrip(" ")
-            if answer == spec.none:
+            if spec.none is not None and answer.casefold() == spec.none.casefold():  # "None" means none too
                 return Extracted(None, None)
             return Extracted(answer, answer)
         assert self._dfa is not None

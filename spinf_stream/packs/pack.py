@@ -176,6 +176,13 @@ class ExpandedQuestion:
     extract: Extraction | None = None
 
 
+def _whole_number(v: object) -> object:
+    """A token count as YAML writes it: digits only (``10.0``, `` 5`` and ``1_0`` are refused)."""
+    if isinstance(v, str) and not re.fullmatch(r"[0-9]+", v):
+        raise ValueError(f"must be a whole number of tokens, got {v!r}")
+    return v
+
+
 class GenerateSpec(BaseModel):
     """A question's ``generate:`` mapping: free text, greedy, at most ``max_tokens`` tokens."""
 
@@ -183,6 +190,8 @@ class GenerateSpec(BaseModel):
 
     max_tokens: int
     stop: Annotated[str, Field(min_length=1)] | None = None
+
+    _whole = field_validator("max_tokens", mode="before")(lambda v: _whole_number(v))
 
     @field_validator("max_tokens")
     @classmethod
@@ -215,6 +224,8 @@ class QuestionSpec(BaseModel):
             raise ValueError(f"unknown kind {v!r}: use one of text, number, money (or {{*}}, {{n}}, {{$}})")
         return v
 
+    _whole = field_validator("max_tokens", mode="before")(lambda v: _whole_number(v))
+
     @field_validator("max_tokens")
     @classmethod
     def _max_tokens_ok(cls, v: int | None) -> int | None:
@@ -227,6 +238,9 @@ class QuestionSpec(BaseModel):
     def _none_ok(cls, v: str | None) -> str | None:
         if v is not None and v not in _NULLS and v.strip() == "":
             raise ValueError("must be a word (or null to turn the no-value path off)")
+        if v is not None and v != v.strip():
+            raise ValueError(f"the none word {v!r} must not begin or end with a space: answers are read with "
+                             "their leading spaces dropped")
         return v
 
     @model_validator(mode="after")
@@ -238,13 +252,19 @@ class QuestionSpec(BaseModel):
                         "currency_default": self.currency_default}
         for key, value in extract_only.items():
             if value is not None and self.extract is None:
-                raise _AtKey((key,), f"{key} is for extraction questions (with extract: text, number or money)")
+                hint = f" (for generate, inside it: generate: {{{key}: ...}})" if self.generate and key in ("max_tokens", "stop") else ""
+                raise _AtKey((key,), f"{key} is for extraction questions (with extract: text, number or money){hint}")
         if self.currency_default is not None and EXTRACT_KINDS.get(self.extract or "") != "money":
             raise _AtKey(("currency_default",), "currency_default is for extract: money questions")
         if self.currency_default is not None and self.currency_default not in CODES:
             raise _AtKey(("currency_default",), f"{self.currency_default!r} is not one of the ISO codes money "
                                                 f"extraction knows ({', '.join(CODES)})")
         none = self.none
+        word = "none" if none is None else none
+        if self.extract is not None and word not in _NULLS and (self.stop or "\n") in word:
+            key = "none" if none is not None else "stop"
+            raise _AtKey((key,), f"the none word {word!r} holds the stop string {self.stop or chr(10)!r}: "
+                                 "it could never be written whole")
         if none is not None and none not in _NULLS and EXTRACT_KINDS.get(self.extract or "") in ("number", "money"):
             if any(c.isdigit() for c in none) or not any(c.isalpha() for c in none):
                 raise _AtKey(("none",), f"the none word {none!r} must be a word (letters, no digits): "
