@@ -16,6 +16,7 @@ import torch
 
 #: MKL's code branches (``mkl_cbwr_get_auto_branch``; mkl_service.h, ``MKL_CBWR_*``)
 MKL_BRANCHES = {
+    2: "AUTO",  # what MKL answers on CPUs whose path it does not name (measured: AMD EPYC, AVX-512)
     3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2",
     11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1",
 }
