@@ -403,6 +403,8 @@ def test_a_pack_of_extraction_questions_needs_no_top_level_choices(tmp_path: Pat
     ("extract: number\n    max_tokens: ' 5'", "questions[3].max_tokens", "must be a whole number of tokens, got ' 5'"),
     ("generate: {max_tokens: 1_0}", "questions[3].generate.max_tokens", "must be a whole number of tokens"),
     ("generate: {max_tokens: 4}\n    max_tokens: 5", "questions[3].max_tokens", "inside it: generate: {max_tokens"),
+    ("extract: money\n    none: USD", "questions[3].none", "is a currency"),
+    ("extract: money\n    none: pounds", "questions[3].none", "is a currency"),
 ])
 def test_a_bad_extraction_question_fails_at_load_naming_file_and_key(tmp_path: Path, lines: str, key: str, says: str) -> None:
     text = GOOD + f"  - id: q\n    text: What?\n    {lines}\n"

@@ -63,7 +63,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from spinf_stream.currencies import CODES
+from spinf_stream.currencies import CODES, WORDS
 
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 # A grid of placeholders multiplies: refuse packs whose expansion is absurdly large.
@@ -265,6 +265,9 @@ class QuestionSpec(BaseModel):
             key = "none" if none is not None else "stop"
             raise _AtKey((key,), f"the none word {word!r} holds the stop string {self.stop or chr(10)!r}: "
                                  "it could never be written whole")
+        if (none is not None and EXTRACT_KINDS.get(self.extract or "") == "money"
+                and (none.upper() in CODES or none.lower() in WORDS)):
+            raise _AtKey(("none",), f"the none word {none!r} is a currency: an amount could begin or end with it")
         if none is not None and none not in _NULLS and EXTRACT_KINDS.get(self.extract or "") in ("number", "money"):
             if any(c.isdigit() for c in none) or not any(c.isalpha() for c in none):
                 raise _AtKey(("none",), f"the none word {none!r} must be a word (letters, no digits): "
