@@ -100,17 +100,21 @@ def _arrays(records, truth, field: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 QID = "spam"
 
 
-def test_a_sub_pack_scores_its_questions_exactly_as_the_whole_pack(tiny_models, loaded):
-    decoder, tok = loaded(tiny_models("gemma3"))
+def test_a_sub_pack_keeps_pack_order_and_the_cache_keys_a_question_by_its_whole_pack():
+    """calibrate scores with the whole pack (a sub-pack's messages can have other attention
+    shapes, so other last bits: measured on AMD EPYC); its cache must not hand a question's numbers
+    from one pack to another."""
+    from spinf_stream.cli.evaluation import LogprobCache
+
     pack = load_pack("moderation")
-    msgs = [Message(r["id"], r) for r in dataset("tweeteval_offensive", 6)]
-    whole = Engine(decoder, tok, pack, "tiny").score(msgs)
     some = ["hate_women", "offensive", "spam"]
-    part = Engine(decoder, tok, sub_pack(pack, some), "tiny").score(msgs)
-    for w, p in zip(whole, part):
-        assert list(p.scores) == ["offensive", "hate_women", "spam"]  # pack order
-        for qid in some:
-            assert p.scores[qid].model_dump() == w.scores[qid].model_dump()
+    part = sub_pack(pack, some)
+    assert [q.id for q in part.expand()] == ["offensive", "hate_women", "spam"]  # pack order
+    q = next(q for q in pack.expand() if q.id == "spam")
+    fields = {"text": "a message"}
+    assert LogprobCache.key(pack, q, fields) == LogprobCache.key(load_pack("moderation"), q, fields)
+    assert LogprobCache.key(pack, q, fields) != LogprobCache.key(part, q, fields)
+    assert LogprobCache.key(pack, q, fields) != LogprobCache.key(pack, q, {"text": "another"})
 
 
 def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, labelled, tmp_path):
