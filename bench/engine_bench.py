@@ -278,12 +278,20 @@ class HF:
 
     # -- (b) -----------------------------------------------------------------------------------
 
-    def ask_with_cache(self, fields: dict[str, str], qis: Sequence[int], fm: FlopModel, t: Tally) -> dict[int, list[float]]:
+    def article_cache(self, fields: dict[str, str], fm: FlopModel, t: Tally) -> tuple[str, list[int], Any]:
+        """One forward of preamble + article with a cache: (its text, its tokens, the cache)."""
         content = self.pack.preamble + self.pack.render_prompt(fields)
         c_ids = self.encode(content)
         base = self.DynamicCache(config=self.model.config)
         self.forward(c_ids, 0, base, keep=1)
         t.add(fm, list(range(1, len(c_ids) + 1)), 1)
+        return content, c_ids, base
+
+    def ask_with_cache(self, fields: dict[str, str], qis: Sequence[int], fm: FlopModel, t: Tally,
+                       article: tuple[str, list[int], Any] | None = None) -> dict[int, list[float]]:
+        """Each question over the article's cache (``article``: from :meth:`article_cache`, else
+        computed here); the cache is left as it was."""
+        content, c_ids, base = article or self.article_cache(fields, fm, t)
         crop = self.can_crop(base)
         out = {}
         for qi in qis:

@@ -153,11 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     b_tokens = b_calls = 0
     for m in messages:
         fields = dict(m.fields)
-        hf.ask_with_cache(fields, choice_q, fm, tally)  # the article's forward and the choice questions
-        content = pack.preamble + pack.render_prompt(fields)
-        c_ids = hf.encode(content)
-        base = hf.DynamicCache(config=hf.model.config)
-        hf.forward(c_ids, 0, base, keep=1)  # (counted in the time: (b) keeps one cache per article)
+        article = hf.article_cache(fields, fm, tally)  # one forward of the article, its cache for every question
+        hf.ask_with_cache(fields, choice_q, fm, tally, article)
+        content, c_ids, base = article
         got: dict[int, str | None] = {}
         for qi in extract_q:
             x, g = qs[qi].extract, engine.grammars.grammars[qi]

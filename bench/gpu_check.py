@@ -216,33 +216,16 @@ def model_flops(spec: Any, prepared: list[PreparedMessage], budget: int) -> floa
 
 def hf_kv_reuse(model: Any, prepared: list[PreparedMessage], device: torch.device) -> tuple[int, float]:
     """(b): per document one forward with a cache, then each question's tokens over a copy of it."""
-    from transformers import DynamicCache
-
-    sync(device)
-    t0 = time.perf_counter()
-    asked = 0
-    with torch.inference_mode():
-        for m in prepared:
-            base = DynamicCache(config=model.config)
-            model(torch.tensor([m.content], device=device), past_key_values=base, use_cache=True, logits_to_keep=1)
-            n = len(m.content)
-            for b in m.branches:
-                cache = copy.deepcopy(base)
-                out = model(
-                    torch.tensor([b.tokens], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1,
-                    position_ids=torch.arange(n, n + len(b.tokens), device=device)[None],
-                )
-                out.logits[0, -1].float().log_softmax(-1)[[YES, NO]].tolist()
-                asked += 1
-    sync(device)
-    return asked, time.perf_counter() - t0
+    asked, _, seconds = hf_kv_reuse_generate(model, prepared, None, device)
+    return asked, seconds
 
 
-def hf_kv_reuse_generate(model: Any, prepared: list[PreparedMessage], grammars: Grammars,
+def hf_kv_reuse_generate(model: Any, prepared: list[PreparedMessage], grammars: Grammars | None,
                          device: torch.device) -> tuple[int, int, float]:
-    """(b) with extractions: the choice questions as :func:`hf_kv_reuse`, then one greedy
-    ``generate`` call per extraction question over a copy of the document's cache (exactly
-    ``max_tokens`` tokens each). Returns (questions, tokens written, seconds)."""
+    """(b), with extractions: per document one forward with a cache, then each choice question's
+    tokens over a copy of it, and one greedy ``generate`` call per extraction question of
+    ``grammars`` over a copy (exactly ``max_tokens`` tokens each). Returns (questions, tokens
+    written, seconds)."""
     from transformers import DynamicCache
 
     sync(device)
@@ -256,7 +239,7 @@ def hf_kv_reuse_generate(model: Any, prepared: list[PreparedMessage], grammars: 
             for b in m.branches:
                 cache = copy.deepcopy(base)
                 ids = torch.tensor([m.content + b.tokens], device=device)
-                spec = grammars.specs.get(b.question)
+                spec = grammars.specs.get(b.question) if grammars else None
                 if spec is None:
                     out = model(ids[:, n:], past_key_values=cache, use_cache=True, logits_to_keep=1,
                                 position_ids=torch.arange(n, n + len(b.tokens), device=device)[None])

@@ -270,7 +270,8 @@ def test_the_triton_path_writes_the_same_values_as_the_torch_path(tiny_models, l
     from spinf_stream.models.triton_backend import interpreter_on
 
     if not interpreter_on():
-        pytest.skip("the Triton kernels run on the CPU only with TRITON_INTERPRET=1 (conftest sets it)")
+        pytest.skip("the Triton kernels run on the CPU only with TRITON_INTERPRET=1: conftest sets it, so the test "
+                    "runs in make test and CI unless TRITON_INTERPRET=0 is set by hand")
     path = tiny_models("llama")
     decoder, tok = loaded(path)
     msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES[:2])]
