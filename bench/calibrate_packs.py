@@ -2,7 +2,8 @@
 model, run ``spinf-stream calibrate`` with every fitted method and keep the one with the lowest
 cross-validated log loss (a proper scoring rule) as ``packs/<pack>/calibrations/<model>.json``, its
 report as ``packs/<pack>/reports/<model>.json``. The decision target of binary questions is the
-``target`` of the pack's ``data.yaml`` (default ``accuracy``).
+``target`` of the pack's ``data.yaml`` (default ``accuracy``). A pack of extraction questions only
+has nothing to calibrate: its report is that of ``spinf-stream evaluate``.
 
     python bench/labelled_data.py
     python bench/calibrate_packs.py [--pack P ...] [--model M ...] [--cache .cache/logprobs] [--plots DIR]
@@ -26,6 +27,9 @@ import orjson
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from spinf_stream.packs import load_pack  # noqa: E402
 MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 METHODS = ("platt", "vector", "temperature", "matrix")
 
@@ -48,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     for pack in packs:
         mapping = yaml.safe_load((REPO / "packs" / pack / "data.yaml").read_text(encoding="utf-8"))
         target = str(mapping.get("target", "accuracy"))
+        if all(q.extract is not None for q in load_pack(REPO / "packs" / f"{pack}.yaml").expand()):
+            for model in args.model or MODELS:  # nothing to calibrate: the report of evaluate
+                rep = REPO / "packs" / pack / "reports" / f"{model}.json"
+                subprocess.run([sys.executable, "-m", "spinf_stream.cli", "evaluate", "--pack", pack, "--model", model,
+                                "--input", str(args.labelled / f"{pack}.jsonl"), "--calibration", "none", "--report", str(rep),
+                                "--cache", args.cache, "--no-progress"], cwd=REPO, check=True)
+                print(f"{pack} {model}: extraction only, evaluated", file=sys.stderr)
+            continue
         for model in args.model or MODELS:
             best: tuple[float, str, Path, Path] | None = None
             tmp = Path(tempfile.mkdtemp(prefix="calibrate-"))

@@ -15,6 +15,9 @@ How a data set's labels answer a pack's questions lives beside the pack, in
         labels:                     # question id: {data set label: choice}
           spam: {spam: "yes", ham: "no"}
 
+A set may instead be a labelled file of our own beside the mapping (``- file: composed.jsonl``),
+already in the labelled input's format (extraction labels included), taken whole.
+
 With ``split``, the first key of a question's mapping found among the row's labels gives the
 choice. A row whose label maps to no choice of any question is left out. The output
 ``<out>/<pack>.jsonl`` holds, per row, ``id``, the fields the pack uses and ``labels``; every
@@ -52,6 +55,11 @@ def load_mapping(pack_file: Path) -> list[dict[str, Any]]:
         raise SystemExit(f"{path}: expected a non-empty list under 'sets'")
     for i, s in enumerate(sets):
         where = f"{path}: sets[{i}]"
+        if isinstance(s, dict) and isinstance(s.get("file"), str):
+            from spinf_stream.labelled import read_labelled
+
+            read_labelled(path.parent / s["file"], list(questions.values()))  # raises naming a bad row
+            continue
         if not isinstance(s.get("data"), str) or not isinstance(s.get("labels"), dict):
             raise SystemExit(f"{where}: needs 'data' (a data set folder) and 'labels' (question: {{label: choice}})")
         for qid, m in s["labels"].items():
@@ -70,6 +78,10 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
     pack = load_pack(pack_file)
     out = []
     for s in load_mapping(pack_file):
+        if "file" in s:
+            lines = (mapping_path(pack_file).parent / s["file"]).read_bytes().splitlines()
+            out.extend(orjson.loads(line) for line in lines[:rows_override] if line.strip())
+            continue
         n = rows_override or s.get("rows")
         with open(data_dir / s["data"] / "dev.jsonl", "rb") as f:
             lines = f.read().splitlines()

@@ -4,7 +4,8 @@
 
 Each report is the ``--report`` of ``spinf-stream calibrate`` (raw metrics on every labelled row,
 calibrated metrics k-fold cross-validated). The data set column comes from the pack's
-``data.yaml``. ``--check`` also lists every labelled question where the default model misses
+``data.yaml``. A second table holds the extraction questions (reports with ``extractions``).
+``--check`` also lists every labelled question where the default model misses
 the quality bar (:func:`quality_bar`) and exits 1 if there is one.
 """
 
@@ -21,10 +22,16 @@ MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 
 
 def data_sets(pack: str) -> dict[str, list[str]]:
-    """question id → the data sets that label it (from ``packs/<pack>/data.yaml``)."""
+    """question id → the data sets that label it (from ``packs/<pack>/data.yaml``; a set of our own
+    rows is named by its file, and labels whichever questions its rows label)."""
     doc = yaml.safe_load((REPO / "packs" / pack / "data.yaml").read_text(encoding="utf-8"))
     out: dict[str, list[str]] = {}
     for s in doc["sets"]:
+        if "file" in s:
+            rows = (REPO / "packs" / pack / s["file"]).read_bytes().splitlines()
+            for qid in dict.fromkeys(k for r in rows if r.strip() for k in orjson.loads(r).get("labels", {})):
+                out.setdefault(qid, []).append(f"{s['file']} (ours)")
+            continue
         for qid in s["labels"]:
             out.setdefault(qid, []).append(s["data"])
     return out
@@ -43,6 +50,8 @@ def rows(paths: list[Path]) -> list[str]:
         "|---|---|---|---:|---|---|---:|---|---|---|---|---:|---:|",
     ]
     for d in docs:
+        if not d["questions"]:
+            continue
         pack = d["pack"]["name"]
         sets = data_sets(pack)
         method = d["calibration"].split("/")[1] if d["calibration"] else "–"
@@ -53,6 +62,29 @@ def rows(paths: list[Path]) -> list[str]:
                 f"| {_f(r['auc'])} | {_f(r['accuracy'])} → {_f(c.get('accuracy'))} "
                 f"| {_f(r['macro_f1'])} → {_f(c.get('macro_f1'))} | {_f(r['ece'])} → {_f(c.get('ece'))} "
                 f"| {_f(r['log_loss'])} → {_f(c.get('log_loss'))} | {_f(b['accuracy'])} | {_f(b['log_loss'])} |"
+            )
+    return out
+
+
+def extraction_rows(paths: list[Path]) -> list[str]:
+    """The extraction table: per extraction question and model, exact match (all rows, rows with a
+    value), none accuracy, ECE of ``probability``, AUC of ``none_probability``."""
+    docs = [orjson.loads(p.read_bytes()) for p in paths]
+    docs = [d for d in docs if d.get("extractions")]
+    docs.sort(key=lambda d: (d["pack"]["name"], MODELS.index(d["model"]) if d["model"] in MODELS else 9))
+    out = [
+        "| pack | question | kind | data set | rows (with a value / none) | model | exact match | of values "
+        "| none accuracy | value answered none | ECE | mean probability | none AUC |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in docs:
+        pack = d["pack"]["name"]
+        sets = data_sets(pack)
+        for qid, e in d["extractions"].items():
+            out.append(
+                f"| {pack} | {qid} | {e['kind']} | {', '.join(sets.get(qid, ['?']))} | {e['n']} ({e['n_value']} / {e['n_none']}) "
+                f"| {d['model']} | {_f(e['exact_match'])} | {_f(e['value_exact_match'])} | {_f(e['none_accuracy'])} "
+                f"| {_f(e['value_answered_none'])} | {_f(e['ece'])} | {_f(e['mean_probability'])} | {_f(e['none_auc'])} |"
             )
     return out
 
@@ -84,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     check = "--check" in args
     paths = [Path(a) for a in args if a != "--check"] or sorted(REPO.glob("packs/*/reports/*.json"))
     print("\n".join(rows(paths)))
+    print()
+    print("\n".join(extraction_rows(paths)))
     if check:
         misses = [m for p in paths for m in quality_bar(orjson.loads(p.read_bytes())) if MODELS[0] in m]
         print("\n".join(misses) or "every labelled question of the default model meets the bar", file=sys.stderr)

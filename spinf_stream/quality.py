@@ -3,12 +3,14 @@
 Every function takes ``y``: the index of the right choice per row (int ``[n]``), and
 ``probabilities``: the choices' probabilities per row (float64 ``[n, k]``, rows sum to 1), and
 ``answers``: the index of the answer given per row (int ``[n]``, the most probable choice or a
-threshold's decision).
+threshold's decision). Extraction questions: :func:`extraction_metrics`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +97,93 @@ def baseline(y: np.ndarray, k: int) -> dict[str, float]:
 def clean(value: float | None) -> float | None:
     """``None`` for NaN/inf (JSON has no NaN), else the float."""
     return None if value is None or not math.isfinite(value) else value
+
+
+# --------------------------------------------------------------------------- extraction questions
+
+#: what :func:`same_text` strips from both ends of an answer (spaces, quotes, closing punctuation)
+_TEXT_EDGES = " \t\n\"'“”‘’.,;:!?()[]"
+
+
+def same_text(answer: str, expected: str) -> bool:
+    """Whether an extracted text is the expected one: equal after case folding, collapsing runs of
+    white space and stripping spaces, quotes and punctuation from both ends."""
+    def norm(t: str) -> str:
+        return " ".join(t.casefold().split()).strip(_TEXT_EDGES)
+    return norm(answer) == norm(expected)
+
+
+def extraction_right(expected: Any, score: dict[str, Any]) -> bool:
+    """Whether one extraction record (``scores[qid]`` as JSON: ``answer``, ``value``,
+    ``currency``) answers ``expected`` (:class:`spinf_stream.labelled.Expected`) exactly.
+
+    none: the answer is the none word. number/money: the value is within 1e-9 (relative, at least
+    1e-9 absolute) of the expected one, and for money the currency equals the expected ISO code
+    when one is given. text: :func:`same_text` holds for one of the expected texts.
+    """
+    if expected.none:
+        return score["answer"] is None
+    if score["answer"] is None or score["value"] is None:
+        return False
+    if expected.texts:
+        return any(same_text(str(score["value"]), t) for t in expected.texts)
+    if abs(float(score["value"]) - expected.value) > 1e-9 * max(1.0, abs(expected.value)):
+        return False
+    return expected.currency is None or score.get("currency") == expected.currency
+
+
+def binary_calibration_error(right: np.ndarray, confidence: np.ndarray, n_bins: int = ECE_BINS) -> float:
+    """Expected calibration error of a confidence that an answer is right (Naeini et al. 2015):
+    ``sum_m |B_m| / n * |acc(B_m) - conf(B_m)|``, bins as in :func:`expected_calibration_error`
+    but on the confidence itself (``right``: bool ``[n]``, ``confidence``: float ``[n]`` in [0, 1])."""
+    bins = np.clip(np.ceil(confidence * n_bins).astype(int) - 1, 0, n_bins - 1)
+    total = 0.0
+    for m in range(n_bins):
+        inside = bins == m
+        if inside.any():
+            total += inside.sum() / len(right) * abs(right[inside].mean() - confidence[inside].mean())
+    return float(total)
+
+
+def extraction_metrics(expected: Sequence[Any], scores: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
+    """One extraction question's numbers over its labelled rows (``expected[i]`` the
+    :class:`~spinf_stream.labelled.Expected` of row *i*, ``scores[i]`` its record's
+    ``scores[qid]`` as JSON):
+
+    - ``n``, ``n_value`` (rows with a value), ``n_none`` (rows without one);
+    - ``exact_match``: right answers (:func:`extraction_right`) among all rows;
+      ``value_exact_match`` among the rows with a value; ``none_accuracy``: the none word among the
+      rows without one; ``value_answered_none``: the none word among the rows with a value;
+    - ``ece``: :func:`binary_calibration_error` of ``probability`` as the confidence that the
+      answer is right; ``mean_probability``;
+    - ``none_auc``: ROC AUC of ``none_probability`` for "the row has no value" (None without the
+      none path or without rows of both kinds).
+
+    A rate over no rows is None.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    right = np.array([extraction_right(e, s) for e, s in zip(expected, scores, strict=True)], dtype=bool)
+    none = np.array([e.none for e in expected], dtype=bool)
+    said_none = np.array([s["answer"] is None for s in scores], dtype=bool)
+    conf = np.array([s["probability"] for s in scores], dtype=np.float64)
+    none_p = [s["none_probability"] for s in scores]
+
+    def rate(x: np.ndarray) -> float | None:
+        return float(x.mean()) if len(x) else None
+
+    none_auc = None
+    if all(p is not None for p in none_p) and 0 < none.sum() < len(none):
+        none_auc = float(roc_auc_score(none, np.array(none_p, dtype=np.float64)))
+    return {
+        "n": int(len(right)),
+        "n_value": int((~none).sum()),
+        "n_none": int(none.sum()),
+        "exact_match": rate(right),
+        "value_exact_match": rate(right[~none]),
+        "none_accuracy": rate(said_none[none]),
+        "value_answered_none": rate(said_none[~none]),
+        "ece": binary_calibration_error(right, conf) if len(right) else None,
+        "mean_probability": rate(conf),
+        "none_auc": none_auc,
+    }

@@ -4,6 +4,7 @@ sub-pack shortcut, the logprob cache."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, label
              "--calibration", "none", "--no-progress")
     doc = orjson.loads(rep.read_bytes())
     assert set(doc) == {"pack", "model", "calibration", "questions"}
-    assert doc["pack"] == {"name": "sms", "version": "1.0.0"}
+    assert doc["pack"] == {"name": "sms", "version": "1.0.0", "sha256": hashlib.sha256(open(pack_file, "rb").read()).hexdigest()}
     assert doc["model"] == str(model_dir) and doc["calibration"] is None
     assert list(doc["questions"]) == ["spam", "asks_to_call"]
     for qid, n in (("spam", 60), ("asks_to_call", 30)):
@@ -319,3 +320,110 @@ def test_evaluate_refuses_labels_of_an_unknown_question_naming_the_row(pack_file
              str(tmp_path / "r.json"), check=False)
     assert r.returncode == 2
     assert b"line 1 (id 'x1'): labels.spamm: no question 'spamm'" in r.stderr
+
+
+# ------------------------------------------------------------------------- extraction questions
+
+EXTRACT_YAML = """\
+name: sms_values
+version: 1.0.0
+description: what a text message asks for
+preamble: "Read the text message.\\n"
+prompt: "Text message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+questions:
+  - id: spam
+    text: Is this text message spam?
+    choices: [yes, no]
+  - id: amount
+    text: What amount of money does it ask for?
+    extract: money
+    max_tokens: 6
+  - id: who
+    text: Who sent it?
+    extract: text
+    max_tokens: 4
+  - id: count
+    text: How many items?
+    extract: number
+    max_tokens: 5
+"""
+
+EXTRACT_TEXTS = [
+    "Pay £250 now", "You won $1,000", "hi mum, home at 6", "Your parcel fee is €1.99",
+    "call me back", "3 tickets for 45 dollars", "Tesco: your order is ready", "win 2 iPhones",
+    "Rent is 900 pounds", "ok", "Bank alert: send USD 120", "meet at the cafe",
+]
+
+
+def _relabel(kind: str, s: dict, right: bool):
+    """A label that the record ``s`` answers rightly (``right``) or wrongly, by the definition
+    of exact match (the report must count exactly the rows made right)."""
+    if not right:
+        return {"text": "zz-nobody", "number": 98765.25, "money": {"value": 98765.25, "currency": "GBP"}}[kind] \
+            if s["answer"] is None else None
+    if s["answer"] is None:
+        return None
+    if s["value"] is None:  # unfinished at max_tokens: no label can be right; say so by a wrong one
+        return None
+    if kind == "text":
+        return ["someone else", f"  {s['value'].upper()}. "]  # another case and trailing punctuation still match
+    if kind == "number":
+        return s["value"]
+    return {"value": s["value"], "currency": s["currency"]}
+
+
+def test_evaluate_counts_exact_matches_nones_and_the_ece_of_extractions_by_their_definition(model_dir, tmp_path):
+    pack = tmp_path / "sms_values.yaml"
+    pack.write_text(EXTRACT_YAML)
+    msgs = tmp_path / "msgs.jsonl"
+    msgs.write_bytes(b"".join(orjson.dumps({"id": f"m{i}", "text": t}) + b"\n" for i, t in enumerate(EXTRACT_TEXTS)))
+    out = tmp_path / "scores.jsonl"
+    _cli("score", "--pack", str(pack), "--model", str(model_dir), "--input", str(msgs), "--output", str(out), "--no-progress")
+    records = {r["id"]: r["scores"] for r in map(orjson.loads, out.read_bytes().splitlines())}
+    kinds = {"amount": "money", "who": "text", "count": "number"}
+    labelled = tmp_path / "labelled.jsonl"
+    truth: dict[str, list[tuple[bool, bool, float, bool]]] = {q: [] for q in kinds}  # (right, none expected, p, said none)
+    with open(labelled, "wb") as f:
+        for i, t in enumerate(EXTRACT_TEXTS):
+            labels = {}
+            for qid, kind in kinds.items():
+                s = records[f"m{i}"][qid]
+                want_right = (i + len(qid)) % 2 == 0
+                label = _relabel(kind, s, want_right)
+                right = (label is None) == (s["answer"] is None) and (label is None or s["value"] is not None)
+                labels[qid] = label
+                truth[qid].append((right, label is None, s["probability"], s["answer"] is None))
+            f.write(orjson.dumps({"id": f"m{i}", "text": t, "labels": labels}) + b"\n")
+    rep = tmp_path / "report.json"
+    r = _cli("evaluate", "--pack", str(pack), "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
+             "--calibration", "none", "--no-progress")
+    doc = orjson.loads(rep.read_bytes())
+    assert doc["questions"] == {} and list(doc["extractions"]) == ["amount", "who", "count"]
+    for qid, rows in truth.items():
+        got = doc["extractions"][qid]
+        right = np.array([x[0] for x in rows])
+        none = np.array([x[1] for x in rows])
+        p = np.array([x[2] for x in rows])
+        said_none = np.array([x[3] for x in rows])
+        assert got["kind"] == kinds[qid] and got["n"] == len(EXTRACT_TEXTS)
+        assert (got["n_none"], got["n_value"]) == (int(none.sum()), int((~none).sum()))
+        assert got["exact_match"] == pytest.approx(right.mean())
+        assert got["none_accuracy"] == (pytest.approx(said_none[none].mean()) if none.any() else None)
+        assert got["value_exact_match"] == (pytest.approx(right[~none].mean()) if (~none).any() else None)
+        ece = sum(abs(right[b].mean() - p[b].mean()) * b.sum() / len(p)
+                  for m in range(15) if (b := (np.clip(np.ceil(p * 15) - 1, 0, 14) == m)).any())
+        assert got["ece"] == pytest.approx(ece)
+        assert got["mean_probability"] == pytest.approx(p.mean())
+    assert b"extraction" in r.stderr  # the summary lists them
+
+
+def test_calibrate_on_extraction_labels_only_says_it_fits_choice_questions(model_dir, tmp_path):
+    pack = tmp_path / "sms_values.yaml"
+    pack.write_text(EXTRACT_YAML)
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text('{"id": "a", "text": "Pay £250 now", "labels": {"amount": {"value": 250, "currency": "GBP"}}}\n')
+    r = _cli("calibrate", "--pack", str(pack), "--model", str(model_dir), "--input", str(labelled),
+             "--output", str(tmp_path / "CAL.json"), "--no-progress", check=False)
+    assert r.returncode == 2, r.stderr.decode()
+    assert b"labels no choice question; calibrate fits maps of choices (evaluate measures extraction questions)" in r.stderr

@@ -75,7 +75,8 @@ _SYMBOL = "(?:£|\\$|€|¥|₹|₩|₽|₺)".encode()
 _CODES = b"(?:USD|GBP|EUR|JPY|CNY|INR|KRW|RUB|TRY|AUD|CAD|CHF|NZD|HKD|SGD|SEK|NOK|DKK|PLN|ZAR|BRL|MXN|AED|SAR)"
 _WORDS = (b"(?:dollars?|pounds?|euros?|rupees?|yen|won|rubles?|roubles?|lira|yuan|francs?)")
 NUMBER = _SIGN + _NUM + b"%?"
-MONEY = _SIGN + b"(?:(?:" + _SYMBOL + b"|" + _CODES + b") ?" + _NUM + b"|" + _NUM + b" ?(?:" + _SYMBOL + b"|" + _CODES + b"|" + _WORDS + b"))"
+_SCALED = _NUM + b"(?: thousand| million| billion| trillion|k|m|bn|tn)?"
+MONEY = _SIGN + b"(?:(?:" + _SYMBOL + b"|" + _CODES + b") ?" + _SCALED + b"|" + _SCALED + b" ?(?:" + _SYMBOL + b"|" + _CODES + b"|" + _WORDS + b"))"
 
 
 def _definition(kind: str) -> regex.Pattern:

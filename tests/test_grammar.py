@@ -110,11 +110,22 @@ MONEY = [
     ("2.5 dollars", 2.5, "USD"),
     ("CHF 5", 5.0, "CHF"),
     ("SAR12", 12.0, "SAR"),
+    ("£2.3bn", 2.3e9, "GBP"),
+    ("$5m", 5e6, "USD"),
+    ("€12k", 12e3, "EUR"),
+    ("$1.1tn", 1.1e12, "USD"),
+    ("USD 1.2 billion", 1.2e9, "USD"),
+    ("$5 million", 5e6, "USD"),
+    ("2.3 billion dollars", 2.3e9, "USD"),
+    ("400 thousand rupees", 4e5, "INR"),
+    ("£1,500m", 1.5e9, "GBP"),
+    ("3 trillion yen", 3e12, "JPY"),
 ]
 
 NOT_MONEY = [
     "250", "$-5", "$ $5", "USD 250 USD", "rupees 250", "$  5", "5  yen", "$5%", "usd 5", "£",
     "5 Dollars", "1,000.000,5 EUR", "XYZ 5", "none!",
+    "$5 m", "$5million", "$m", "$bn5", "5bn", "$5bnk", "£2.3 bn", "$5 Million", "£5mm",
 ]  # fmt: skip
 
 
@@ -285,7 +296,8 @@ O_AMOUNT = (
 O_NUMBER = rf" *(?:[-+\u2212]?{O_AMOUNT}%?|none)"
 O_CUR = r"(?:[£$€¥₹₩₽₺]|USD|GBP|EUR|JPY|CNY|INR|KRW|RUB|TRY|AUD|CAD|CHF|NZD|HKD|SGD|SEK|NOK|DKK|PLN|ZAR|BRL|MXN|AED|SAR)"
 O_WORD = r"(?:dollars?|pounds?|euros?|rupees?|yen|won|rubles?|roubles?|lira|yuan|francs?)"
-O_MONEY = rf" *(?:[-+\u2212]?(?:{O_CUR} ?{O_AMOUNT}|{O_AMOUNT} ?(?:{O_CUR}|{O_WORD}))|none)"
+O_SCALED = rf"{O_AMOUNT}(?: (?:thousand|million|billion|trillion)|k|m|bn|tn)?"
+O_MONEY = rf" *(?:[-+\u2212]?(?:{O_CUR} ?{O_SCALED}|{O_SCALED} ?(?:{O_CUR}|{O_WORD}))|none)"
 
 
 #: the languages' characters beyond ASCII
@@ -331,7 +343,7 @@ def brute_force(pattern: str, prefix: str, vocab, eos: int) -> tuple[set[int], s
 
 ORACLE_CASES = [
     ("smollm2-135m", "number", O_NUMBER, ["", " 1", " 1,000"]),
-    ("smollm2-135m", "money", O_MONEY, ["", " 1", " £4", " 1,000"]),
+    ("smollm2-135m", "money", O_MONEY, ["", " 1", " £4", " 1,000", " £2.3b", " $5 mil"]),
     ("gemma-3-270m", "money", O_MONEY, [" £4"]),
 ]
 

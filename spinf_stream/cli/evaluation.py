@@ -3,27 +3,30 @@
 The pack author's loop on labelled rows (``spinf_stream.labelled``): measure a pack, fit its
 calibration, measure it again.
 
-Only the labelled questions are scored: a question's scores do not depend on the pack's other
-questions (each question is its own branch after the message; the prompt of message *m* and
-question *q* is ``preamble + prompt(m) + question(q)`` whatever else the pack asks), so each row
-is scored with a sub-pack of the questions it labels, which gives the same numbers for a fraction
-of the compute. ``--cache DIR`` keeps every (row, question)'s raw logprobs, keyed by the model's
+Rows are scored with the whole pack, so every number is the one ``score`` gives (a message's
+longest branch sets its attention shapes, so a sub-pack can change the last bits). ``--cache
+DIR`` keeps every (row, question)'s raw logprobs (an extraction's record), keyed by the model's
 weights and everything that defines the prompt, so refitting and replotting never rescore.
 
 Report (``--report``), exactly::
 
-    {"pack": {"name", "version"}, "model": "<name>", "calibration": "<id>" | null,
+    {"pack": {"name", "version", "sha256" (of its file)}, "model": "<name>", "calibration": "<id>" | null,
      "questions": {"<id>": {"n": rows,
                             "raw": {metric: value}, "calibrated": {metric: value} | null,
-                            "baseline": {"accuracy": ..., "log_loss": ...}}}}
+                            "baseline": {"accuracy": ..., "log_loss": ...}}},
+     "extractions": {"<id>": {"kind": ..., **extraction metrics}}}
 
-with the metrics of :func:`spinf_stream.quality.question_metrics`. ``evaluate`` applies a fixed
+with the metrics of :func:`spinf_stream.quality.question_metrics` and, for labelled extraction
+questions (the key is left out when there are none), of
+:func:`spinf_stream.quality.extraction_metrics` (exact match, none accuracy, ECE of
+``probability``); calibrations are fitted for choice questions only. ``evaluate`` applies a fixed
 calibration to every row; ``calibrate`` reports k-fold cross-validated numbers (each row's
 calibrated probabilities come from a map fitted on the other folds), never fit-on-test ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import sys
@@ -37,9 +40,10 @@ import orjson
 
 from spinf_stream import calibration as cal
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
-from spinf_stream.labelled import LabelledRow, LabelledSet, read_labelled
+from spinf_stream.engine.results import ExtractionScore
+from spinf_stream.labelled import Expected, LabelledRow, LabelledSet, read_labelled
 from spinf_stream.messages import Message
-from spinf_stream.quality import baseline, clean, question_metrics
+from spinf_stream.quality import baseline, clean, extraction_metrics, question_metrics
 from spinf_stream.softmax import softmax
 from spinf_stream.packs import ExpandedQuestion, Pack
 from spinf_stream.engine.segment import PreparedMessage
@@ -86,7 +90,8 @@ def sub_pack(pack: Pack, question_ids: Sequence[str]) -> Pack:
 
 
 class LogprobCache:
-    """Raw choice logprobs per (row, question) for one model, optionally kept in ``directory``.
+    """Raw choice logprobs (an extraction question: its record) per (row, question) for one model,
+    optionally kept in ``directory``.
 
     One append-only JSON Lines file per model (``<name>-<weights sha256[:16]>-<dtype>-<device>.jsonl``),
     each line ``{"k": key, "lp": [logprob per choice]}``; the key hashes everything that defines
@@ -116,12 +121,15 @@ class LogprobCache:
                     for q in pack.expand()]
         parts = [pack.preamble, pack.prompt, pack.render_question(question), pack.answer_prefix, list(question.choices),
                  [fields.get(f) for f in pack.fields], siblings]
+        if question.extract is not None:  # what the model may write, and how it is read
+            parts.append(dataclasses.asdict(question.extract))
         return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
-    def get(self, key: str) -> list[float] | None:
+    def get(self, key: str) -> Any:
+        """A choice question's logprobs (list), an extraction's record (dict), or None."""
         return self.entries.get(key)
 
-    def put(self, items: Sequence[tuple[str, list[float]]]) -> None:
+    def put(self, items: Sequence[tuple[str, Any]]) -> None:
         for k, lp in items:
             self.entries[k] = lp
         if self.path is not None and items:
@@ -212,24 +220,44 @@ class QuestionData:
     ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ExtractionData:
+    """One labelled extraction question's rows: the right answers, the records' ``scores[qid]``
+    as JSON, and the rows' ids."""
+
+    question: ExpandedQuestion
+    expected: tuple[Expected, ...]
+    scores: tuple[dict[str, Any], ...]
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What :func:`score_labelled` returns: per labelled question its rows (pack order), and the
+    rows the engine refused (line → ``"kind: message"``), which are left out."""
+
+    questions: dict[str, QuestionData]
+    extractions: dict[str, ExtractionData]
+    failed: dict[int, str]
+
+
 def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow], cache: LogprobCache, *,
-                   token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True) -> tuple[dict[str, QuestionData], dict[int, str]]:
-    """Raw logprobs of every labelled (row, question), from the cache or the engine.
+                   token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True) -> Scored:
+    """Raw logprobs of every labelled (row, choice question) and the record of every labelled
+    (row, extraction question), from the cache or the engine.
 
     Rows that still need a question are scored with the whole pack, so each number is the one
     ``score`` gives (a sub-pack of fewer questions can give a message other attention shapes,
-    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart). Returns the
-    questions' data (pack order; only questions some row labels) and the rows the engine
-    refused (line → ``"kind: message"``), which are left out.
+    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart).
     """
     from tqdm import tqdm
 
     questions = {q.id: q for q in pack.expand()}
     order = {qid: i for i, qid in enumerate(questions)}
-    keys = {(r.line, qid): cache.key(pack, questions[qid], dict(r.message.fields)) for r in rows for qid in r.labels}
+    keys = {(r.line, qid): cache.key(pack, questions[qid], dict(r.message.fields)) for r in rows for qid in r.questions}
     groups: dict[tuple[str, ...], list[LabelledRow]] = {}
     for r in rows:
-        missing = tuple(sorted((q for q in r.labels if cache.get(keys[r.line, q]) is None), key=order.__getitem__))
+        missing = tuple(sorted((q for q in r.questions if cache.get(keys[r.line, q]) is None), key=order.__getitem__))
         if missing:
             groups.setdefault(missing, []).append(r)
     engine = handle.engine(pack, token_budget) if groups else None
@@ -251,21 +279,31 @@ def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow],
                 entries = []
                 for (r, _), rec in zip(ok, records):
                     for qid in qids:
-                        lp = [rec.scores[qid].choices[c].logprob for c in questions[qid].choices]
-                        entries.append((keys[r.line, qid], lp))
+                        score = rec.scores[qid]
+                        if isinstance(score, ExtractionScore):
+                            entries.append((keys[r.line, qid], score.model_dump(mode="json")))
+                        else:
+                            entries.append((keys[r.line, qid], [score.choices[c].logprob for c in questions[qid].choices]))
                 cache.put(entries)
                 bar.update(len(chunk))
     out: dict[str, QuestionData] = {}
+    extractions: dict[str, ExtractionData] = {}
     for qid, q in questions.items():
-        labelled = [r for r in rows if qid in r.labels and r.line not in failed]
-        if labelled:
+        labelled = [r for r in rows if qid in r.questions and r.line not in failed]
+        if not labelled:
+            continue
+        ids = tuple(r.message.id for r in labelled)
+        if q.extract is not None:
+            extractions[qid] = ExtractionData(q, tuple(r.expected[qid] for r in labelled),
+                                              tuple(cache.get(keys[r.line, qid]) for r in labelled), ids)
+        else:
             out[qid] = QuestionData(
                 q,
                 np.array([cache.get(keys[r.line, qid]) for r in labelled], dtype=np.float64),
                 np.array([r.labels[qid] for r in labelled], dtype=int),
-                tuple(r.message.id for r in labelled),
+                ids,
             )
-    return out, failed
+    return Scored(out, extractions, failed)
 
 
 def content_free_logprobs(handle: ModelHandle, pack: Pack, inputs: Sequence[str], token_budget: int) -> dict[str, np.ndarray]:
@@ -303,14 +341,24 @@ def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray
     }
 
 
-def report(pack: Pack, model_name: str, calibration_id: str | None, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def extraction_report(data: ExtractionData) -> dict[str, Any]:
+    """``{"kind", **extraction_metrics}`` of one extraction question."""
+    assert data.question.extract is not None
+    return {"kind": data.question.extract.kind, **extraction_metrics(data.expected, data.scores)}
+
+
+def report(pack: Pack, model_name: str, calibration_id: str | None, questions: dict[str, dict[str, Any]],
+           extractions: dict[str, ExtractionData] | None = None) -> dict[str, Any]:
     """The report document (see the module docstring)."""
-    return {
-        "pack": {"name": pack.name, "version": pack.version},
+    doc = {
+        "pack": {"name": pack.name, "version": pack.version, "sha256": cal.pack_identity(pack).sha256},
         "model": model_name,
         "calibration": calibration_id,
         "questions": questions,
     }
+    if extractions:
+        doc["extractions"] = {qid: extraction_report(d) for qid, d in extractions.items()}
+    return doc
 
 
 def write_json(path: str | Path, doc: Any) -> None:
@@ -324,7 +372,7 @@ def summary(doc: dict[str, Any]) -> str:
         return "  n/a" if x is None else f"{x:.3f}"
 
     lines = [f"{'question':<28} {'n':>5} {'auc':>6} {'acc raw→cal':>13} {'ece raw→cal':>13} {'logloss raw→cal':>16} "
-             f"{'majority':>8} {'prior ll':>8}"]
+             f"{'majority':>8} {'prior ll':>8}"] if doc["questions"] else []
     for qid, q in doc["questions"].items():
         c = q["calibrated"] or {}
         lines.append(
@@ -332,6 +380,12 @@ def summary(doc: dict[str, Any]) -> str:
             f" {f(q['raw']['ece'])}→{f(c.get('ece'))}  {f(q['raw']['log_loss'])}→{f(c.get('log_loss'))}"
             f" {f(q['baseline']['accuracy']):>8} {f(q['baseline']['log_loss']):>8}"
         )
+    if doc.get("extractions"):
+        lines.append(f"{'extraction':<28} {'n':>5} {'kind':>6} {'exact':>6} {'of values':>9} {'none acc':>8} "
+                     f"{'ece':>6} {'none auc':>8}")
+        for qid, e in doc["extractions"].items():
+            lines.append(f"{qid[:28]:<28} {e['n']:>5} {e['kind']:>6} {f(e['exact_match']):>6} {f(e['value_exact_match']):>9}"
+                         f" {f(e['none_accuracy']):>8} {f(e['ece']):>6} {f(e['none_auc']):>8}")
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ from spinf_stream.config import (
 from spinf_stream.packs import Pack
 
 if TYPE_CHECKING:
-    from spinf_stream.cli.evaluation import ModelHandle, QuestionData
+    from spinf_stream.cli.evaluation import ModelHandle, Scored
 
 
 class _Common(BaseSettings):
@@ -40,7 +40,8 @@ class _Common(BaseSettings):
     pack: str = pack_field()
     model: str = model_field()
     input: str = Field(
-        description='Labelled JSON Lines: the message\'s fields plus "labels": {question id: choice label}.',
+        description='Labelled JSON Lines: the message\'s fields plus "labels": {question id: choice label, or the value an '
+        'extraction question should give (null: none)}.',
         json_schema_extra=plain("FILE"),
     )
     report: str | None = Field(default=None, description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))
@@ -71,21 +72,22 @@ class _Common(BaseSettings):
         placement = choose(self.device, self.dtype)
         return pack, ModelHandle(self.model, placement.dtype, placement.device, allow_unstable_bits=self.allow_unstable_bits)
 
-    def _score(self, pack: Pack, handle: ModelHandle) -> dict[str, QuestionData]:
+    def _score(self, pack: Pack, handle: ModelHandle) -> Scored:
         from spinf_stream.cli.evaluation import LogprobCache, read_rows, report_failed, score_labelled
 
         data = read_rows(pack, self.input)
         cache = LogprobCache(self.cache, handle.cache_key())
-        questions, failed = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress)
-        report_failed(failed)
-        if not questions:
+        scored = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress)
+        report_failed(scored.failed)
+        if not scored.questions and not scored.extractions:
             raise cal.CalibrationError(f"{self.input}: no labelled row could be scored")
-        return questions
+        return scored
 
 
 class EvaluateCommand(_Common):
     """Measure a pack on labelled rows: per labelled question AUC, accuracy, macro-F1, log loss,
-    Brier and ECE, raw and with the calibration, against the majority baseline."""
+    Brier and ECE, raw and with the calibration, against the majority baseline; per labelled
+    extraction question exact match, none accuracy and the ECE of its probability."""
 
     report: str = Field(description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))  # type: ignore[assignment]
     calibration: str = calibration_field()
@@ -98,9 +100,9 @@ class EvaluateCommand(_Common):
         chosen = cal.resolve(self.calibration, pack, handle.resolved)
         if chosen is not None:
             chosen.bind(pack.expand())
-        questions = self._score(pack, handle)
+        scored = self._score(pack, handle)
         entries: dict[str, Any] = {}
-        for qid, d in questions.items():
+        for qid, d in scored.questions.items():
             qmap = chosen.questions.get(qid) if chosen else None
             calibrated = None
             if qmap is not None:
@@ -112,7 +114,7 @@ class EvaluateCommand(_Common):
 
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                calibrated[0] if calibrated else None, chosen.id if chosen else "")
-        doc = report(pack, handle.name, chosen.id if chosen else None, entries)
+        doc = report(pack, handle.name, chosen.id if chosen else None, entries, scored.extractions)
         write_json(self.report, doc)
         print(summary(doc), file=sys.stderr)
 
@@ -149,7 +151,11 @@ class CalibrateCommand(_Common):
         from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
-        questions = self._score(pack, handle)
+        scored = self._score(pack, handle)
+        questions = scored.questions
+        if not questions and self.method != "contextual":
+            raise cal.CalibrationError(f"{self.input}: labels no choice question; calibrate fits maps of choices "
+                                       f"(evaluate measures extraction questions)")
         cf: dict[str, np.ndarray] = {}
         if self.method == "contextual":
             cf = content_free_logprobs(handle, pack, self.content_free, self.token_budget)
@@ -185,7 +191,7 @@ class CalibrateCommand(_Common):
 
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                v.probabilities if v else None, f"{self.method}, {v.folds if v else 0}-fold CV")
-        doc = report(pack, handle.name, result.id, entries)
+        doc = report(pack, handle.name, result.id, entries, scored.extractions)
         if self.report:
             write_json(self.report, doc)
         print(summary(doc), file=sys.stderr)

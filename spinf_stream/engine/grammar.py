@@ -15,7 +15,9 @@ The languages (leading spaces allowed in every kind, and never part of the answe
   Three digits after one separator read as thousands (``1,000`` is 1000.0); a first group of
   ``0`` is no thousands group (``0.125`` is 0.125).
 - ``money``: ``[-+−]?`` then a currency and ``N`` in either order, one optional space between;
-  words (``dollars``, ``rupees``, ...) only after the amount.
+  words (``dollars``, ``rupees``, ...) only after the amount. ``N`` may carry a scale: `` thousand``
+  `` million`` `` billion`` `` trillion`` (after one space) or ``k`` ``m`` ``bn`` ``tn`` (right
+  after the digits): ``£2.3bn`` is 2.3e9 GBP.
 - ``text``: any tokens, ended by the stop string (also when it falls inside a token).
 - the none word (``GrammarSpec.none``) as the whole answer, in every kind: no such value.
 """
@@ -40,6 +42,8 @@ KINDS: tuple[str, ...] = ("text", "number", "money")
 SIGNS = ("-", "+", "\u2212")
 #: thousands separator -> the decimal mark that goes with it
 THOUSANDS = {",": ".", ".": ",", "\u2009": ".", "\u202f": "."}
+#: a money amount's scale -> its power of ten (long words after one space, short ones right after the digits)
+SCALES = {" thousand": 3, " million": 6, " billion": 9, " trillion": 12, "k": 3, "m": 6, "bn": 9, "tn": 12}
 from spinf_stream.currencies import CODES, SYMBOLS, WORDS  # noqa: E402  (shared with the pack check)
 
 
@@ -182,7 +186,8 @@ def _pattern(spec: GrammarSpec) -> str:
     else:
         before = _alt([*SYMBOLS, *CODES])
         after = _alt([*SYMBOLS, *CODES, *WORDS])
-        value = f"{sign}(?:{before} ?{_amount()}|{_amount()} ?{after})"
+        amount = f"{_amount()}{_alt(SCALES)}?"
+        value = f"{sign}(?:{before} ?{amount}|{amount} ?{after})"
     if spec.none is not None:
         value = f"(?:{value}|{_lit(spec.none)})"
     return " *" + value
@@ -233,11 +238,12 @@ def _byte_dfa(pattern: str) -> _ByteDFA:
 # --- values ------------------------------------------------------------------------------------
 
 
-def _amount_value(body: str) -> float:
+def _amount_value(body: str, exponent: int = 0) -> float:
+    """``N`` times ``10**exponent``, rounded once (``float("2.3e9")``, not ``2.3 * 1e9``)."""
     for sep, mark in THOUSANDS.items():
         if re.fullmatch(rf"[1-9][0-9]{{0,2}}(?:{re.escape(sep)}[0-9]{{3}})+(?:{re.escape(mark)}[0-9]+)?", body):
-            return float(body.replace(sep, "").replace(mark, "."))
-    return float(body.replace(",", "."))
+            return float(f"{body.replace(sep, '').replace(mark, '.')}e{exponent}")
+    return float(f"{body.replace(',', '.')}e{exponent}")
 
 
 def _value(spec: GrammarSpec, answer: str) -> tuple[float, str | None]:
@@ -255,7 +261,12 @@ def _value(spec: GrammarSpec, answer: str) -> tuple[float, str | None]:
         afters = {**befores, **WORDS}
         cur = next(c for c in sorted(afters, key=len, reverse=True) if body.endswith(c))
         code, body = afters[cur], body[: -len(cur)].removesuffix(" ")
-    return sign * _amount_value(body), code or spec.currency_default or "USD"
+    exponent = 0
+    for scale in sorted(SCALES, key=len, reverse=True):
+        if body.endswith(scale) and body[: -len(scale)][-1:].isdigit():
+            exponent, body = SCALES[scale], body[: -len(scale)]
+            break
+    return sign * _amount_value(body, exponent), code or spec.currency_default or "USD"
 
 
 # --- the token automaton -------------------------------------------------------------------------
