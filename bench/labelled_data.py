@@ -15,6 +15,15 @@ How a data set's labels answer a pack's questions lives beside the pack, in
         labels:                     # question id: {data set label: choice}
           spam: {spam: "yes", ham: "no"}
 
+A set's ``values`` label extraction questions from a row's ``meta``::
+
+        values:
+          brand: {meta: cluster_label}  # text: the field's first word, where the row's text holds it
+
+The right answers are the field's first word, and its first two words too when the second has no
+digit and the text holds both (``Fisher & Paykel``); a row whose text lacks the first word is
+not labelled for that question (nothing to extract).
+
 A set may instead be a labelled file of our own beside the mapping (``- file: composed.jsonl``),
 already in the labelled input's format (extraction labels included), taken whole.
 
@@ -60,9 +69,17 @@ def load_mapping(pack_file: Path) -> list[dict[str, Any]]:
 
             read_labelled(path.parent / s["file"], list(questions.values()))  # raises naming a bad row
             continue
-        if not isinstance(s.get("data"), str) or not isinstance(s.get("labels"), dict):
+        if not isinstance(s.get("data"), str) or not isinstance(s.get("labels", {}), dict):
             raise SystemExit(f"{where}: needs 'data' (a data set folder) and 'labels' (question: {{label: choice}})")
-        for qid, m in s["labels"].items():
+        for qid, how in (s.get("values") or {}).items():
+            q = questions.get(qid)
+            if q is None or q.extract is None or q.extract.kind != "text":
+                raise SystemExit(f"{where}.values.{qid}: no text extraction question {qid!r} in {pack_file}")
+            if not isinstance(how, dict) or set(how) != {"meta"} or not isinstance(how["meta"], str):
+                raise SystemExit(f"{where}.values.{qid}: expected {{meta: <field of the rows' meta>}}")
+        if not s.get("labels") and not s.get("values"):
+            raise SystemExit(f"{where}: needs 'labels' or 'values'")
+        for qid, m in s.get("labels", {}).items():
             if qid not in questions:
                 raise SystemExit(f"{where}.labels.{qid}: no question {qid!r} in {pack_file}")
             for label, choice in m.items():
@@ -72,6 +89,19 @@ def load_mapping(pack_file: Path) -> list[dict[str, Any]]:
                         f"({', '.join(questions[qid].choices)}); quote yes/no in YAML"
                     )
     return sets
+
+
+def first_words(field: str, text: str) -> list[str]:
+    """The right answers a ``values`` mapping takes from ``field`` for a row of ``text`` (see the
+    module docstring); empty when the text lacks the first word."""
+    words = field.split()
+    low = " ".join(text.casefold().split())
+    if not words or words[0].casefold() not in low.split():
+        return []
+    out = [words[0]]
+    if len(words) > 1 and not any(c.isdigit() for c in words[1]) and " ".join(words[:2]).casefold() in low:
+        out.append(" ".join(words[:2]))
+    return out
 
 
 def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = None) -> list[dict[str, Any]]:
@@ -93,11 +123,15 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
                     continue
                 taken[row["label"]] = taken.get(row["label"], 0) + 1
             have = set(row["label"].split(s["split"])) if s.get("split") else {row["label"]}
-            labels = {}
-            for qid, m in s["labels"].items():
+            labels: dict[str, Any] = {}
+            for qid, m in s.get("labels", {}).items():
                 choice = next((c for label, c in m.items() if label in have), None)
                 if choice is not None:
                     labels[qid] = choice
+            for qid, how in (s.get("values") or {}).items():
+                texts = first_words(str(row.get("meta", {}).get(how["meta"], "")), row["text"])
+                if texts:
+                    labels[qid] = texts
             if labels:
                 out.append({"id": row["id"], **{f: row[f] for f in pack.fields}, "labels": labels})
     return out

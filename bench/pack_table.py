@@ -68,23 +68,29 @@ def rows(paths: list[Path]) -> list[str]:
 
 def extraction_rows(paths: list[Path]) -> list[str]:
     """The extraction table: per extraction question and model, exact match (all rows, rows with a
-    value), none accuracy, ECE of ``probability``, AUC of ``none_probability``."""
+    value), none accuracy, ECE of ``probability``, raw and (where the calibration decides none)
+    cross-validated with it, and the AUC of the raw ``none_probability``."""
     docs = [orjson.loads(p.read_bytes()) for p in paths]
     docs = [d for d in docs if d.get("extractions")]
     docs.sort(key=lambda d: (d["pack"]["name"], MODELS.index(d["model"]) if d["model"] in MODELS else 9))
     out = [
-        "| pack | question | kind | data set | rows (with a value / none) | model | exact match | of values "
-        "| none accuracy | value answered none | ECE | mean probability | none AUC |",
-        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| pack | question | kind | data set | rows (with a value / none) | model | exact match raw → cal | of values raw → cal "
+        "| none accuracy raw → cal | value answered none raw → cal | ECE raw → cal | none AUC |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---:|",
     ]
+
+    def both(e: dict, c: dict, key: str) -> str:
+        return f"{_f(e[key])} → {_f(c.get(key))}" if c else _f(e[key])
+
     for d in docs:
         pack = d["pack"]["name"]
         sets = data_sets(pack)
         for qid, e in d["extractions"].items():
+            c = e.get("calibrated_cv") or {}
             out.append(
                 f"| {pack} | {qid} | {e['kind']} | {', '.join(sets.get(qid, ['?']))} | {e['n']} ({e['n_value']} / {e['n_none']}) "
-                f"| {d['model']} | {_f(e['exact_match'])} | {_f(e['value_exact_match'])} | {_f(e['none_accuracy'])} "
-                f"| {_f(e['value_answered_none'])} | {_f(e['ece'])} | {_f(e['mean_probability'])} | {_f(e['none_auc'])} |"
+                f"| {d['model']} | {both(e, c, 'exact_match')} | {both(e, c, 'value_exact_match')} | {both(e, c, 'none_accuracy')} "
+                f"| {both(e, c, 'value_answered_none')} | {both(e, c, 'ece')} | {_f(e['none_auc'])} |"
             )
     return out
 

@@ -426,4 +426,40 @@ def test_calibrate_on_extraction_labels_only_says_it_fits_choice_questions(model
     r = _cli("calibrate", "--pack", str(pack), "--model", str(model_dir), "--input", str(labelled),
              "--output", str(tmp_path / "CAL.json"), "--no-progress", check=False)
     assert r.returncode == 2, r.stderr.decode()
-    assert b"labels no choice question; calibrate fits maps of choices (evaluate measures extraction questions)" in r.stderr
+    assert b"labels no choice question and no extraction question with rows both with and without a value" in r.stderr
+
+
+def test_calibrate_fits_none_decisions_and_score_answers_by_them(model_dir, tmp_path):
+    """An extraction question labelled with and without values gets a none map (cross-validated
+    numbers under ``none_decision``); ``score`` with it reports ``none_calibrated``, the map of the
+    raw ``none_probability`` by its definition, and answers none exactly where that is the more
+    probable."""
+    pack = tmp_path / "sms_values.yaml"
+    pack.write_text(EXTRACT_YAML)
+    rows = [{"id": f"m{i}", "text": t,
+             "labels": {"amount": {"value": 1.0} if any(c in t for c in "£$€") or "dollars" in t or "pounds" in t else None}}
+            for i, t in enumerate(EXTRACT_TEXTS * 2)]
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    rep, out = tmp_path / "report.json", tmp_path / "CAL.json"
+    _cli("calibrate", "--pack", str(pack), "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
+         "--report", str(rep), "--method", "platt", "--folds", "3", "--no-progress")
+    doc = orjson.loads(rep.read_bytes())
+    decision = doc["extractions"]["amount"]["none_decision"]
+    assert decision["n"] == 24 and set(decision["raw"]) == METRICS and set(decision["calibrated"]) == METRICS
+    cal_doc = orjson.loads(out.read_bytes())
+    m = cal_doc["questions"]["amount"]
+    assert m["choices"] == ["none", "value"] and list(cal_doc["questions"]) == ["amount"]
+    msgs = tmp_path / "msgs.jsonl"
+    msgs.write_bytes(b"".join(orjson.dumps({"id": r["id"], "text": r["text"]}) + b"\n" for r in rows[:12]))
+    scores = tmp_path / "scores.jsonl"
+    _cli("score", "--pack", str(pack), "--model", str(model_dir), "--input", str(msgs), "--output", str(scores),
+         "--calibration", str(out), "--no-progress")
+    for rec in map(orjson.loads, scores.read_bytes().splitlines()):
+        s = rec["scores"]["amount"]
+        p = min(max(s["none_probability"], 1e-12), 1 - 1e-12)
+        z = [m["scale"][0] * math.log(p) + m["bias"][0], m["scale"][1] * math.log(1 - p) + m["bias"][1]]
+        want = 1.0 / (1.0 + math.exp(z[1] - z[0]))
+        assert s["none_calibrated"] == pytest.approx(want, rel=1e-9)
+        assert (s["answer"] is None) == (want >= 0.5), s
+        assert "none_calibrated" not in rec["scores"]["who"]  # not labelled: no map

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import textwrap
 
+import numpy as np
 import orjson
 import pytest
 import regex
@@ -112,7 +113,7 @@ class _Allowed:
         self.pattern = _definition(kind)
         alphabet = set(b" 0123456789,.%+-") | set("\u2212\u2009\u202f£$€¥₹₩₽₺".encode())
         alphabet |= set(b"USDGBPEURJPYCNYINRKRWRUBTRYAUDCADCHFNZDHKDSGDSEKNOKDKKPLNZARBRLMXNAEDSAR")
-        alphabet |= set(b"dollarspoundeurosrupeyenwbluiaxfcn")
+        alphabet |= set(b"dollarspoundeurosrupeyenwbluiaxfcn") | set(b"thousandmillionbilliontrillionkmbnt")  # words, scales
         self.vocab = vocab
         self.candidates = [t for t, b in enumerate(vocab) if b and set(b) <= alphabet]
         self.stops = sorted({eos} | {t for t, b in enumerate(vocab) if b.startswith(b"\n")})
@@ -124,8 +125,16 @@ class _Allowed:
         return sorted(set(ok))
 
 
-def _oracle(hf, tok, pack, fields: dict, question, vocab: list[bytes]) -> dict:
-    """transformers' greedy generate on the question's whole prompt, masked to the allowed set."""
+def _none_starts(vocab: list[bytes], allowed=None) -> list[int]:
+    """Tokens whose text, leading spaces dropped, begins the none word "none" (by the definition)."""
+    return [k for k in (allowed if allowed is not None else range(len(vocab)))
+            if vocab[k].lstrip(b" ") and b"none".startswith(vocab[k].lstrip(b" "))]
+
+
+def _oracle(hf, tok, pack, fields: dict, question, vocab: list[bytes], value_only: bool = False) -> dict:
+    """transformers' greedy generate on the question's whole prompt, masked to the allowed set
+    (``value_only``: at the first step the tokens that begin the none word are not chosen, but
+    still count in the renormalisation, as a calibration that decided "a value" does)."""
     from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
     ids = prompt_tokens(tok, [*prompt_pieces(pack, fields), (pack.render_question(question), False)], "plain")
@@ -138,13 +147,18 @@ def _oracle(hf, tok, pack, fields: dict, question, vocab: list[bytes]) -> dict:
     class Mask(LogitsProcessor):
         def __call__(self, input_ids, scores):
             written = b"".join(vocab[t] for t in input_ids[0, n0:].tolist())
+            first = value_only and input_ids.shape[1] == n0
             if allowed is None:
                 sets.append(None)
+                if first:
+                    scores = scores.clone()
+                    scores[:, _none_starts(vocab)] = -math.inf
                 return scores
             keep = allowed(written)
             sets.append(keep)
+            choose = [k for k in keep if k not in set(_none_starts(vocab, keep))] if first else keep
             masked = torch.full_like(scores, -math.inf)
-            masked[:, keep] = scores[:, keep]
+            masked[:, choose] = scores[:, choose]
             return masked
 
     class TextStop(StoppingCriteria):
@@ -171,8 +185,7 @@ def _oracle(hf, tok, pack, fields: dict, question, vocab: list[bytes]) -> dict:
             vals = raw[0, keep].double()
             log_p += float(raw[0, t].double() - torch.logsumexp(vals, 0))
         if step == 0 and x.none is not None:
-            starts = [k for k in (keep if keep is not None else range(len(vocab)))
-                      if vocab[k].lstrip(b" ") and b"none".startswith(vocab[k].lstrip(b" "))]
+            starts = _none_starts(vocab, keep)
             denom = torch.logsumexp(raw[0, keep].double(), 0) if keep is not None else torch.logsumexp(raw[0].double(), 0)
             none_p = float(torch.exp(torch.logsumexp(raw[0, starts].double(), 0) - denom)) if starts else 0.0
     stopped = bool(new) and (new[-1] in stops or vocab[new[-1]] == b"")
@@ -366,3 +379,97 @@ def test_a_number_or_amount_ended_by_max_tokens_has_no_value_and_no_partial_char
     assert (money.answer, money.value, money.currency) == ("250 €", 250.0, "EUR")
     half = _decode("money", [2, 3, 4, 5, 6, 7, 1], max_tokens=5)  # cut inside "€"
     assert (half.answer, half.value, half.currency, half.tokens) == ("250 ", None, None, 5)
+
+
+def test_a_question_s_own_template_scores_as_a_pack_whose_template_it_is(tiny_models, loaded, tmp_path):
+    """The engine asks a question with its own ``question:`` exactly as a pack whose template that
+    is: same answer, value and log-probabilities (the other pack's branches differ, so the two
+    are compared at the tolerance of the oracle tests, not bitwise)."""
+    from spinf_stream.engine import Engine, Message
+    from spinf_stream.packs import load_pack
+
+    head = ('name: p\nversion: 1.0.0\ndescription: d\npreamble: "Read it.\\n"\nprompt: "Text: {text}\\n"\n'
+            'question: "{TEMPLATE}"\nchoices: [yes, no]\nquestions:\n')
+    amount = "  - {id: amount, text: How much money, extract: money, max_tokens: 5OWN}\n"
+    own = head.replace("{TEMPLATE}", "Q: {question}\\nA (yes or no):") + "  - {id: spam, text: Is it spam}\n" + \
+        amount.replace("OWN", ', question: "Q: {question}\\nA:"')
+    plain = head.replace("{TEMPLATE}", "Q: {question}\\nA:") + amount.replace("OWN", "")
+    (tmp_path / "own.yaml").write_text(own)
+    (tmp_path / "plain.yaml").write_text(plain)
+    decoder, tok = loaded(tiny_models("llama"))
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES)]
+    a = Engine(decoder, tok, load_pack(tmp_path / "own.yaml"), "tiny").score(msgs)
+    b = Engine(decoder, tok, load_pack(tmp_path / "plain.yaml"), "tiny").score(msgs)
+    for x, y in zip(a, b, strict=True):
+        sx, sy = x.scores["amount"], y.scores["amount"]
+        assert (sx.answer, sx.value, sx.tokens) == (sy.answer, sy.value, sy.tokens)
+        assert sx.logprob == pytest.approx(sy.logprob, abs=1e-4)
+        assert sx.probability == pytest.approx(sy.probability, abs=1e-4)
+
+
+def _none_calibration(pack, none_bias: float):
+    """A calibration whose none maps (every extraction question with a none word) answer none
+    (``none_bias`` > 0 large) or a value (< 0 large) whatever the message."""
+    from spinf_stream import calibration as cal
+    from spinf_stream.calibration.fit import question_map
+
+    maps = {q.id: question_map(np.array([1.0, 1.0]), np.array([none_bias, 0.0]), cal.NONE_CHOICES, None)
+            for q in pack.expand() if q.extract is not None and q.extract.none is not None}
+    return cal.build(pack, cal.ModelIdentity(name="tiny", weights_sha256="0" * 64), "vector", "accuracy", maps)
+
+
+def test_a_calibration_that_decides_none_answers_none_without_writing_it(tiny_models, loaded, pack):
+    decoder, tok = loaded(tiny_models("llama"))
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES)]
+    raw = Engine(decoder, tok, pack, "tiny").score(msgs)
+    got = Engine(decoder, tok, pack, "tiny", calibration=_none_calibration(pack, 50.0)).score(msgs)
+    for r, g in zip(raw, got, strict=True):
+        for qid in ("count", "amount", "who"):
+            s, x = g.scores[qid], r.scores[qid]
+            assert (s.answer, s.value, s.tokens) == (None, None, 0)
+            assert s.none_probability == x.none_probability  # the raw number, bitwise
+            assert s.probability == pytest.approx(x.none_probability, rel=1e-12)
+            assert s.none_calibrated == pytest.approx(1.0 / (1.0 + (1 - x.none_probability) / x.none_probability
+                                                             * math.exp(-50.0)), rel=1e-9)
+        assert g.scores["gist"] == r.scores["gist"]  # generate has no none word: untouched
+        assert g.scores["spam"].choices["yes"].logprob == r.scores["spam"].choices["yes"].logprob
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_calibration_that_decides_a_value_writes_transformers_greedy_value_without_the_none_word(tiny_models, loaded, pack, family):
+    path = tiny_models(family)
+    decoder, tok = loaded(path)
+    texts = MESSAGES[:3]
+    calibration = _none_calibration(pack, -50.0)
+    records = Engine(decoder, tok, pack, family, calibration=calibration).score(
+        [Message(id=str(i), fields={"text": t}) for i, t in enumerate(texts)])
+    hf = load_hf(str(path))
+    vocab = _token_bytes(tok)
+    questions = {q.id: q for q in pack.expand()}
+    for rec, text in zip(records, texts):
+        for qid in ("count", "amount", "who"):
+            got, want = rec.scores[qid], _oracle(hf, tok, pack, {"text": text}, questions[qid], vocab, value_only=True)
+            assert got.answer is not None and got.none_calibrated < 1e-6
+            assert got.tokens == len(want["tokens"]), (qid, got, want)
+            steps = got.tokens + 1
+            assert got.logprob == pytest.approx(want["logprob"], abs=1e-4 * steps), (qid, got, want)
+            assert got.probability == pytest.approx(want["probability"], abs=1e-4 * steps), (qid, got, want)
+            assert got.none_probability == pytest.approx(want["none_probability"], abs=1e-4)
+
+
+def test_calibrated_extractions_are_bitwise_equal_alone_batched_and_split(tiny_models, loaded, pack):
+    decoder, tok = loaded(tiny_models("llama"))
+    msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(MESSAGES)]
+    for bias in (-50.0, 50.0):
+        cal_ = _none_calibration(pack, bias)
+
+        def run(batch, budget):
+            e = Engine(decoder, tok, pack, "tiny", token_budget=budget, calibration=cal_)
+            return {r.id: orjson.dumps(r.model_dump()) for r in e.score(batch)}
+
+        together = run(msgs, 16384)
+        alone = {}
+        for m in msgs:
+            alone.update(run([m], 16384))
+        assert alone == together
+        assert run(msgs[::-1], 40) == together

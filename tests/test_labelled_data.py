@@ -87,3 +87,26 @@ def test_written_rows_are_valid_labelled_input(setup, tmp_path):
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     got = read_labelled(path, load_pack(packs / "moderation.yaml").expand())
     assert [r.labels for r in got.rows] == [{"toxic": 0}, {"toxic": 1}, {"toxic": 0}, {"toxic": 1}]
+
+
+def test_values_label_a_text_extraction_with_the_meta_field_s_first_words_where_the_text_holds_them(tmp_path):
+    script = _script()
+    assert script.first_words("Samsung RB41J7255SR Stainless Steel", "samsung rb41j7255sr 410l fridge") == ["Samsung"]
+    assert script.first_words("Fisher & Paykel E522B", "fisher & paykel e522b fridge") == ["Fisher", "Fisher &"]
+    assert script.first_words("Russell Hobbs RHM2076", "russell hobbs 20l microwave") == ["Russell", "Russell Hobbs"]
+    assert script.first_words("Bosch KGN36", "kgn36 fridge freezer") == []  # the title lacks the brand
+    packs = tmp_path / "packs"
+    (packs / "shop").mkdir(parents=True)
+    (packs / "shop.yaml").write_text('name: shop\nversion: 1.0.0\ndescription: d\nprompt: "{text}\\n"\nquestion: "{question}"\n'
+                                     'questions:\n  - {id: brand, text: which brand, extract: text}\n')
+    (packs / "shop" / "data.yaml").write_text("sets:\n  - data: toy\n    values:\n      brand: {meta: cluster_label}\n")
+    data = tmp_path / "data" / "toy"
+    data.mkdir(parents=True)
+    rows = [{"id": "a", "text": "beko fridge 50cm", "label": "Fridges", "meta": {"cluster_label": "Beko TZ55"}},
+            {"id": "b", "text": "a fridge 50cm", "label": "Fridges", "meta": {"cluster_label": "Beko TZ56"}}]
+    (data / "dev.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    got = script.labelled_rows(packs / "shop.yaml", tmp_path / "data")
+    assert got == [{"id": "a", "text": "beko fridge 50cm", "labels": {"brand": ["Beko"]}}]
+    (packs / "shop" / "data.yaml").write_text("sets:\n  - data: toy\n    values:\n      colour: {meta: cluster_label}\n")
+    with pytest.raises(SystemExit, match="values.colour: no text extraction question 'colour'"):
+        script.load_mapping(packs / "shop.yaml")

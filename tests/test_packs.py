@@ -405,9 +405,21 @@ def test_a_pack_of_extraction_questions_needs_no_top_level_choices(tmp_path: Pat
     ("generate: {max_tokens: 4}\n    max_tokens: 5", "questions[3].max_tokens", "inside it: generate: {max_tokens"),
     ("extract: money\n    none: USD", "questions[3].none", "is a currency"),
     ("extract: money\n    none: pounds", "questions[3].none", "is a currency"),
+    ('extract: money\n    question: "Q: {text}"', "questions[3].question", "must contain the {question} placeholder"),
+    ('extract: money\n    question: "{question} {x}"', "questions[3].question", "may only use {question}, found {x}"),
 ])
 def test_a_bad_extraction_question_fails_at_load_naming_file_and_key(tmp_path: Path, lines: str, key: str, says: str) -> None:
     text = GOOD + f"  - id: q\n    text: What?\n    {lines}\n"
     err = load_error(tmp_path, text)
     assert f"{key} (line" in str(err) and says in str(err), str(err)
     assert len(err.problems) == 1, str(err)
+
+
+def test_a_question_may_have_its_own_branch_template(tmp_path: Path) -> None:
+    """A question's ``question:`` replaces the pack's template for that question only (its
+    choices' continuations follow its own cue), so an extraction can drop a yes/no cue."""
+    text = GOOD + '  - id: amount\n    text: How much?\n    extract: money\n    question: "Q: {question}\\nA:"\n'
+    pack = load_pack(write(tmp_path, text))
+    qs = {q.id: q for q in pack.expand()}
+    assert pack.render_question(qs["amount"]) == "Q: How much?\nA:"
+    assert pack.render_question(qs["spam"]) == pack.question.format(question=qs["spam"].text)

@@ -16,6 +16,7 @@ from spinf_stream.calibration.maps import (
     FORMAT,
     MAX_PARAMETER,
     METHODS,
+    NONE_CHOICES,
     Calibration,
     CalibrationError,
     FittedOn,
@@ -26,6 +27,7 @@ from spinf_stream.calibration.maps import (
     check,
     load,
     model_identity,
+    none_features,
     pack_identity,
     resolve,
     shipped_path,
@@ -52,8 +54,8 @@ _FIT = (
 )
 
 __all__ = [
-    "FORMAT", "MAX_PARAMETER", "METHODS", "Calibration", "CalibrationError", "FittedOn", "Method", "ModelIdentity",
-    "PackIdentity", "QuestionCalibration", "check", "load", "model_identity", "pack_identity", "resolve",
+    "FORMAT", "MAX_PARAMETER", "METHODS", "NONE_CHOICES", "Calibration", "CalibrationError", "FittedOn", "Method", "ModelIdentity",
+    "PackIdentity", "QuestionCalibration", "check", "load", "model_identity", "none_features", "pack_identity", "resolve",
     "shipped_path",
     "CONTENT_FREE", "TARGET_PATTERN", "CrossValidated", "build", "choose_threshold", "contextual_question",
     "cross_validate", "fit_map", "fit_question", "parse_target", "question_map",

@@ -13,6 +13,11 @@ or, for ``matrix``, a ``[k, k]`` matrix ``W`` in place of the scales:
 carry a ``threshold``: the answer is the first choice iff its calibrated probability is at least
 the threshold (``None``: the most probable choice).
 
+An extraction question with a none word may have a map too, of its two "choices"
+:data:`NONE_CHOICES` (``none``, ``value``) with :func:`none_features` of its raw
+``none_probability`` as their logprobs: the engine then decides at the first decode step whether
+to answer none by the map's answer, and writes the best value otherwise (``docs/extraction.md``).
+
 The calibration file (``CAL.json``, :class:`Calibration`) names the pack (name, version, sha256
 of its file) and the model (name, sha256 of its weights); :func:`check` refuses it for another
 pack file or model.
@@ -45,6 +50,19 @@ FORMAT = "spinf-stream.calibration/1"
 #: Largest |parameter| a map may hold: fitted maps stay far below it (the fits are L2-penalised),
 #: and a larger one would overflow the affine map of a logprob into inf or NaN.
 MAX_PARAMETER = 1e6
+
+
+#: the two "choices" of an extraction question's none map
+NONE_CHOICES = ("none", "value")
+#: how far from 0 and 1 :func:`none_features` keeps a probability (its logs stay finite)
+NONE_EPS = 1e-12
+
+
+def none_features(p: float) -> list[float]:
+    """The logprobs a none map reads: ``[log p, log(1 - p)]`` of the raw ``none_probability``
+    ``p`` clamped into ``[NONE_EPS, 1 - NONE_EPS]`` (float64)."""
+    q = min(max(p, NONE_EPS), 1.0 - NONE_EPS)
+    return [math.log(q), math.log1p(-q)]
 
 
 class CalibrationError(ValueError):
@@ -192,7 +210,8 @@ class Calibration(BaseModel):
         return orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
 
     def bind(self, questions: Sequence[ExpandedQuestion]) -> list[QuestionCalibration | None]:
-        """The map of each of the pack's questions, in pack order (``None``: not calibrated).
+        """The map of each of the pack's questions, in pack order (``None``: not calibrated); an
+        extraction question's is its none map.
 
         Raises:
             CalibrationError: the calibration names a question the pack lacks, or other choices.
@@ -201,6 +220,14 @@ class Calibration(BaseModel):
         for qid, qc in self.questions.items():
             if qid not in by_id:
                 raise CalibrationError(f"calibration {self.id}: question {qid!r} is not in pack {self.pack.name!r}")
+            x = by_id[qid].extract
+            if x is not None:
+                if x.none is None or qc.choices != NONE_CHOICES:
+                    raise CalibrationError(
+                        f"calibration {self.id}: question {qid!r} is an extraction; its map must be of choices "
+                        f"{list(NONE_CHOICES)} and the question must have a none word"
+                    )
+                continue
             if tuple(by_id[qid].choices) != qc.choices:
                 raise CalibrationError(
                     f"calibration {self.id}: question {qid!r} has choices {list(qc.choices)}, "

@@ -116,13 +116,15 @@ class LogprobCache:
                         continue  # a line cut by a killed run: score that row again
 
     @staticmethod
-    def key(pack: Pack, question: ExpandedQuestion, fields: dict[str, Any]) -> str:
+    def key(pack: Pack, question: ExpandedQuestion, fields: dict[str, Any], none_map: Any = None) -> str:
         siblings = [[pack.render_question(q), list(q.choices), q.extract.max_tokens if q.extract else 0]
                     for q in pack.expand()]
         parts = [pack.preamble, pack.prompt, pack.render_question(question), pack.answer_prefix, list(question.choices),
                  [fields.get(f) for f in pack.fields], siblings]
         if question.extract is not None:  # what the model may write, and how it is read
             parts.append(dataclasses.asdict(question.extract))
+        if none_map is not None:  # a calibration's none decision changes what is written
+            parts.append(none_map.model_dump(mode="json"))
         return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
     def get(self, key: str) -> Any:
@@ -188,8 +190,9 @@ class ModelHandle:
         tag = hashlib.sha256(f"{n.isa}|{n.library}|{n.tiles}".encode()).hexdigest()[:8]
         return f"{safe}-{self.identity.weights_sha256[:16]}-{self.dtype}-{dev.type}-{tag}"
 
-    def engine(self, pack: Pack, token_budget: int) -> Engine:
-        """An engine for ``pack`` without calibration (raw numbers), sharing the loaded weights."""
+    def engine(self, pack: Pack, token_budget: int, calibration: cal.Calibration | None = None) -> Engine:
+        """An engine for ``pack``, sharing the loaded weights: raw numbers, or with ``calibration``
+        (whose none maps decide extractions' none answers; choice logprobs stay raw)."""
         from spinf_stream.engine.scoring import DTYPE_NAMES, Engine
 
         if self._loaded is None:
@@ -205,7 +208,7 @@ class ModelHandle:
         return Engine(
             decoder, tokenizer, pack, self.name, token_budget,
             model_sha256=self.resolved.weights_sha256, dtype_name="fp8" if self.dtype == "fp8" else None,
-            allow_unstable_bits=self.allow_unstable_bits,
+            allow_unstable_bits=self.allow_unstable_bits, calibration=calibration,
         )
 
 
@@ -242,25 +245,30 @@ class Scored:
 
 
 def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow], cache: LogprobCache, *,
-                   token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True) -> Scored:
+                   token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True,
+                   calibration: cal.Calibration | None = None) -> Scored:
     """Raw logprobs of every labelled (row, choice question) and the record of every labelled
     (row, extraction question), from the cache or the engine.
 
     Rows that still need a question are scored with the whole pack, so each number is the one
     ``score`` gives (a sub-pack of fewer questions can give a message other attention shapes,
-    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart).
+    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart). With
+    ``calibration``, its none maps decide the extractions' none answers (choice logprobs are raw
+    either way).
     """
     from tqdm import tqdm
 
     questions = {q.id: q for q in pack.expand()}
     order = {qid: i for i, qid in enumerate(questions)}
-    keys = {(r.line, qid): cache.key(pack, questions[qid], dict(r.message.fields)) for r in rows for qid in r.questions}
+    none_maps = {q: m for q, m in calibration.questions.items() if questions[q].extract is not None} if calibration else {}
+    keys = {(r.line, qid): cache.key(pack, questions[qid], dict(r.message.fields), none_maps.get(qid))
+            for r in rows for qid in r.questions}
     groups: dict[tuple[str, ...], list[LabelledRow]] = {}
     for r in rows:
         missing = tuple(sorted((q for q in r.questions if cache.get(keys[r.line, q]) is None), key=order.__getitem__))
         if missing:
             groups.setdefault(missing, []).append(r)
-    engine = handle.engine(pack, token_budget) if groups else None
+    engine = handle.engine(pack, token_budget, calibration if none_maps else None) if groups else None
     failed: dict[int, str] = {}
     total = sum(len(g) for g in groups.values())
     if total:
@@ -341,14 +349,35 @@ def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray
     }
 
 
-def extraction_report(data: ExtractionData) -> dict[str, Any]:
-    """``{"kind", **extraction_metrics}`` of one extraction question."""
+def none_data(data: ExtractionData) -> QuestionData | None:
+    """An extraction question's none decision as a two-choice question (choices
+    :data:`~spinf_stream.calibration.NONE_CHOICES`, logprobs :func:`~spinf_stream.calibration.none_features`
+    of the raw ``none_probability``, right choice ``none`` for rows without a value), or ``None``
+    when the question has no none word or its rows are all of one kind."""
+    x = data.question.extract
+    if x is None or x.none is None or any(s["none_probability"] is None for s in data.scores):
+        return None
+    y = np.array([0 if e.none else 1 for e in data.expected], dtype=int)
+    if len(set(y.tolist())) < 2:
+        return None
+    q = dataclasses.replace(data.question, choices=cal.NONE_CHOICES)
+    lp = np.array([cal.none_features(s["none_probability"]) for s in data.scores], dtype=np.float64)
+    return QuestionData(q, lp, y, data.ids)
+
+
+def extraction_report(data: ExtractionData, none_decision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"kind", **extraction_metrics}`` of one extraction question, with ``none_decision`` (the
+    :func:`question_report` of its none map, see :func:`none_data`) when given."""
     assert data.question.extract is not None
-    return {"kind": data.question.extract.kind, **extraction_metrics(data.expected, data.scores)}
+    out = {"kind": data.question.extract.kind, **extraction_metrics(data.expected, data.scores)}
+    if none_decision is not None:
+        out["none_decision"] = none_decision
+    return out
 
 
 def report(pack: Pack, model_name: str, calibration_id: str | None, questions: dict[str, dict[str, Any]],
-           extractions: dict[str, ExtractionData] | None = None) -> dict[str, Any]:
+           extractions: dict[str, ExtractionData] | None = None,
+           none_decisions: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report document (see the module docstring)."""
     doc = {
         "pack": {"name": pack.name, "version": pack.version, "sha256": cal.pack_identity(pack).sha256},
@@ -357,7 +386,7 @@ def report(pack: Pack, model_name: str, calibration_id: str | None, questions: d
         "questions": questions,
     }
     if extractions:
-        doc["extractions"] = {qid: extraction_report(d) for qid, d in extractions.items()}
+        doc["extractions"] = {qid: extraction_report(d, (none_decisions or {}).get(qid)) for qid, d in extractions.items()}
     return doc
 
 

@@ -72,12 +72,13 @@ class _Common(BaseSettings):
         placement = choose(self.device, self.dtype)
         return pack, ModelHandle(self.model, placement.dtype, placement.device, allow_unstable_bits=self.allow_unstable_bits)
 
-    def _score(self, pack: Pack, handle: ModelHandle) -> Scored:
+    def _score(self, pack: Pack, handle: ModelHandle, calibration: cal.Calibration | None = None) -> Scored:
         from spinf_stream.cli.evaluation import LogprobCache, read_rows, report_failed, score_labelled
 
         data = read_rows(pack, self.input)
         cache = LogprobCache(self.cache, handle.cache_key())
-        scored = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress)
+        scored = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress,
+                                calibration=calibration)
         report_failed(scored.failed)
         if not scored.questions and not scored.extractions:
             raise cal.CalibrationError(f"{self.input}: no labelled row could be scored")
@@ -100,7 +101,7 @@ class EvaluateCommand(_Common):
         chosen = cal.resolve(self.calibration, pack, handle.resolved)
         if chosen is not None:
             chosen.bind(pack.expand())
-        scored = self._score(pack, handle)
+        scored = self._score(pack, handle, chosen)  # its none maps decide the extractions' none answers
         entries: dict[str, Any] = {}
         for qid, d in scored.questions.items():
             qmap = chosen.questions.get(qid) if chosen else None
@@ -121,7 +122,8 @@ class EvaluateCommand(_Common):
 
 class CalibrateCommand(_Common):
     """Fit a pack's calibration on labelled rows (per question: a map of the choices' logprobs and,
-    for two choices, a decision threshold); report k-fold cross-validated metrics."""
+    for two choices, a decision threshold; per extraction question labelled with and without
+    values: a map of its none decision); report k-fold cross-validated metrics."""
 
     output: str = Field(description="Write the calibration (CAL.json) here.", json_schema_extra=plain("FILE"))
     method: Literal["contextual", "temperature", "vector", "platt", "matrix"] = Field(
@@ -147,15 +149,19 @@ class CalibrateCommand(_Common):
     def cli_cmd(self) -> None:
         import numpy as np
 
-        from spinf_stream.cli.evaluation import content_free_logprobs, question_report, report, summary, write_json
+        from spinf_stream.cli.evaluation import content_free_logprobs, none_data, question_report, report, summary, write_json
         from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
         scored = self._score(pack, handle)
         questions = scored.questions
-        if not questions and self.method != "contextual":
-            raise cal.CalibrationError(f"{self.input}: labels no choice question; calibrate fits maps of choices "
-                                       f"(evaluate measures extraction questions)")
+        # an extraction question's none decision is fitted like a yes/no question (decided by accuracy)
+        nones = {qid: d for qid, e in scored.extractions.items() if (d := none_data(e)) is not None} \
+            if self.method != "contextual" else {}
+        if not questions and not nones and self.method != "contextual":
+            raise cal.CalibrationError(f"{self.input}: labels no choice question and no extraction question with rows "
+                                       f"both with and without a value; calibrate fits maps of choices and of none "
+                                       f"decisions (evaluate measures extraction questions)")
         cf: dict[str, np.ndarray] = {}
         if self.method == "contextual":
             cf = content_free_logprobs(handle, pack, self.content_free, self.token_budget)
@@ -167,13 +173,19 @@ class CalibrateCommand(_Common):
                 cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, d.question.choices, self.target, self.folds, cf.get(qid))
             except ValueError as e:  # e.g. matrix on rows that never label a choice
                 raise cal.CalibrationError(f"{self.input}: question {qid!r}: {e}") from None
+        for qid, d in nones.items():
+            try:
+                maps[qid] = cal.fit_map(self.method, d.logprobs, d.y, cal.NONE_CHOICES, "accuracy")
+                cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, cal.NONE_CHOICES, "accuracy", self.folds)
+            except ValueError as e:
+                raise cal.CalibrationError(f"{self.input}: question {qid!r} (its none decision): {e}") from None
         for q in pack.expand():  # contextual needs no labels: every question gets its map
             if q.id in cf and q.id not in maps:
                 scale, bias = cal.contextual_question(cf[q.id])
                 maps[q.id] = cal.question_map(scale, bias, q.choices, None)
         with open(self.input, "rb") as f:
             input_sha = hashlib.file_digest(f, "sha256").hexdigest()
-        fitted_on = cal.FittedOn(input_sha256=input_sha, rows={qid: int(len(d.y)) for qid, d in questions.items()})
+        fitted_on = cal.FittedOn(input_sha256=input_sha, rows={qid: int(len(d.y)) for qid, d in (questions | nones).items()})
         result = cal.build(pack, handle.identity, self.method, self.target, maps,
                            self.content_free if self.method == "contextual" else None, fitted_on)
         out = Path(self.output)
@@ -191,11 +203,15 @@ class CalibrateCommand(_Common):
 
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                v.probabilities if v else None, f"{self.method}, {v.folds if v else 0}-fold CV")
-        doc = report(pack, handle.name, result.id, entries, scored.extractions)
+        none_decisions = {}
+        for qid, d in nones.items():
+            v = cv[qid]
+            none_decisions[qid] = question_report(d, (v.probabilities, v.answers) if v else None)
+        doc = report(pack, handle.name, result.id, entries, scored.extractions, none_decisions)
         if self.report:
             write_json(self.report, doc)
         print(summary(doc), file=sys.stderr)
-        used = sorted({v.folds for v in cv.values() if v is not None})
+        used = sorted({v.folds for v in cv.values() if v is not None})  # choice questions and none decisions
         how = " or ".join(f"{n}-fold" for n in used) + " cross-validated" if used else "absent (too few rows)"
         if used and used != [self.folds]:
             how += f" (--folds {self.folds}, fewer where a choice has fewer rows)"

@@ -19,7 +19,7 @@ batch-invariant as a choice (``docs/invariance.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,12 @@ class ExtractionResult:
     none_probability: float | None
     tokens: int
     min_token_probability: float
+    none_calibrated: float | None = None
+
+
+#: a calibration's none decision: raw ``none_probability`` -> (calibrated probability of none,
+#: whether to answer none)
+NoneRule = Callable[[float], tuple[float, bool]]
 
 
 @dataclass
@@ -57,6 +63,8 @@ class Grammars:
     vocab: Sequence[bytes]
     #: question index -> the token ids that begin its none word (empty without one)
     none_starts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: question index -> its calibration's none decision (questions without one: the greedy token)
+    none_rules: dict[int, NoneRule] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for q, x in self.specs.items():
@@ -80,6 +88,9 @@ class OpenExtraction:
     logprob: float = 0.0  # sum of the full-vocabulary ones
     min_p: float = 1.0
     none_probability: float | None = None
+    none_rule: NoneRule | None = None
+    none_calibrated: float | None = None
+    decided_none: bool = False  # the calibration answered none (nothing written)
     done: bool = False
     stopped: bool = False  # ended by a stop token (not by max_tokens)
 
@@ -91,12 +102,18 @@ class OpenExtraction:
         allowed, so the renormalised probability is the full-vocabulary one.
         """
         full = self.spec.kind in ("text", "generate")
+        first = not self.written and self.spec.none is not None
         if full:
+            if first:
+                self.none_probability = _clamp(math.fsum(math.exp(float(logits[t] - lse)) for t in self.none_starts))
+                if self._decide_none(math.log(max(self.none_probability, 1e-300))):
+                    return
+                if self.none_rule is not None and self.none_starts:  # a value: not the none word
+                    logits = logits.clone()
+                    logits[list(self.none_starts)] = -math.inf
             pick = int(torch.argmax(logits))  # the first maximum: the lowest id
             lp = float(logits[pick] - lse)
             p = math.exp(lp)
-            if not self.written and self.spec.none is not None:
-                self.none_probability = _clamp(math.fsum(math.exp(float(logits[t] - lse)) for t in self.none_starts))
         else:
             allowed = self.grammar.allowed(self.state)
             if allowed.numel() == 0:  # nothing can follow (the grammar's tables keep no such state)
@@ -104,15 +121,23 @@ class OpenExtraction:
                 return
             values = logits[allowed].tolist()
             best = max(range(len(values)), key=values.__getitem__)  # first maximum: lowest id
-            pick = int(allowed[best])
             top = values[best]
             total = math.fsum(math.exp(v - top) for v in values)
-            p = 1.0 / total
-            lp = float(logits[pick] - lse)
-            if not self.written and self.spec.none is not None:
+            if first:
                 starts = set(self.none_starts)
-                self.none_probability = _clamp(math.fsum(
-                    math.exp(v - top) for t, v in zip(allowed.tolist(), values) if t in starts) / total)
+                ids = allowed.tolist()
+                self.none_probability = _clamp(math.fsum(math.exp(v - top) for t, v in zip(ids, values) if t in starts) / total)
+                if self.none_rule is not None:
+                    full_mass = math.fsum(math.exp(float(logits[t] - lse)) for t in ids if t in starts)
+                    if self._decide_none(math.log(max(full_mass, 1e-300))):
+                        return
+                    # a value: the best allowed token that does not begin the none word
+                    rest = [j for j, t in enumerate(ids) if t not in starts]
+                    if rest:
+                        best = max(rest, key=values.__getitem__)
+            pick = int(allowed[best])
+            p = math.exp(values[best] - top) / total
+            lp = float(logits[pick] - lse)
         self.log_probability += math.log(p) if p > 0 else -math.inf
         self.logprob += lp
         self.min_p = min(self.min_p, p)
@@ -130,6 +155,21 @@ class OpenExtraction:
         elif len(self.written) >= self.spec.max_tokens:
             self.done = True
 
+    def _decide_none(self, none_logprob: float) -> bool:
+        """With a calibration's none rule, decide at the first step: ``True`` ends the extraction
+        as none (nothing written; ``probability`` is the none path's renormalised mass, ``logprob``
+        its full-vocabulary one, ``none_logprob``)."""
+        if self.none_rule is None:
+            return False
+        assert self.none_probability is not None
+        self.none_calibrated, none = self.none_rule(self.none_probability)
+        if none:
+            self.log_probability = math.log(self.none_probability) if self.none_probability > 0 else -math.inf
+            self.logprob = none_logprob
+            self.min_p = self.none_probability
+            self.decided_none = self.done = True
+        return none
+
     def _is_stop(self, token: int, vocab: Sequence[bytes]) -> bool:
         if self.spec.kind in ("text", "generate"):
             return vocab[token] == b"" or self.grammar.is_stop(token)
@@ -141,6 +181,13 @@ class OpenExtraction:
         still writing it)."""
         text = _whole_characters(bytes(self.text))
         free = self.spec.kind in ("text", "generate")
+        if self.decided_none:
+            return ExtractionResult(
+                kind=self.spec.kind, answer=None, value=None, currency=None,
+                probability=_clamp(math.exp(self.log_probability)), logprob=min(self.logprob, 0.0),
+                none_probability=self.none_probability, tokens=0, min_token_probability=_clamp(self.min_p),
+                none_calibrated=self.none_calibrated,
+            )
         got = self.grammar.finish(None if free else self.state, text)
         value, currency = got.value, got.currency
         if not free and not self.stopped:
@@ -150,6 +197,7 @@ class OpenExtraction:
             currency=currency if self.spec.kind == "money" else None,
             probability=_clamp(math.exp(self.log_probability)), logprob=min(self.logprob, 0.0),
             none_probability=self.none_probability, tokens=len(self.written), min_token_probability=_clamp(self.min_p),
+            none_calibrated=self.none_calibrated,
         )
 
 

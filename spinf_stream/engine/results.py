@@ -116,7 +116,10 @@ class ExtractionScore(BaseModel):
     ``none_probability``: at the first step, the renormalised probability of the tokens that begin
     the pack's none word (``null`` when the question has none). ``tokens``: tokens of the value
     (without the stop token). ``min_token_probability``: the smallest renormalised step
-    probability.
+    probability. With a calibration of the question (its none map): ``none_calibrated``, and
+    the answer is none or a value by the map's decision at the first step; a none so decided is
+    written as no token (``tokens`` 0, ``probability`` = ``none_probability``, ``logprob`` the log
+    of the none-word tokens' full-vocabulary mass), a value never begins with the none word.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -132,6 +135,11 @@ class ExtractionScore(BaseModel):
     none_probability: Annotated[float, Field(ge=0.0, le=1.0)] | None
     tokens: int = Field(ge=0)
     min_token_probability: float = Field(ge=0.0, le=1.0)
+    none_calibrated: Annotated[float, Field(ge=0.0, le=1.0)] | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
+        description="The calibrated probability that the message holds no such value (the record's calibration "
+        "decided none or a value by it at the first step); absent without a calibration of this question.",
+    )
 
 
 class ScoreRecord(BaseModel):

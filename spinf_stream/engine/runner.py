@@ -151,7 +151,7 @@ def run_passes(
                     assert grammars is not None
                     g = grammars.grammars[b.question]
                     o = OpenExtraction(w.slot, b.question, specs[b.question], g, b, g.start,
-                                       grammars.none_starts[b.question])
+                                       grammars.none_starts[b.question], none_rule=grammars.none_rules.get(b.question))
                     open_by_slot.setdefault(w.slot, []).append(o)
                     tips.append((o, off))  # the branch's one read: its last token
         if tips:

@@ -111,6 +111,10 @@ class Engine:
         self._maps = calibration.bind(self.questions) if calibration else [None] * len(self.questions)
         self.prefix: LayerKV | None = self._prefill_preamble()
         self.grammars = _grammars(self.questions, tokenizer)
+        if self.grammars is not None:
+            self.grammars.none_rules.update(
+                (qi, _none_rule(m)) for qi, (q, m) in enumerate(zip(self.questions, self._maps))
+                if m is not None and q.extract is not None)
         self.last_run = RunStats()  # of the latest run(); read by the stream's telemetry
 
     @classmethod
@@ -254,7 +258,8 @@ class Engine:
                     "kind": e.kind, "answer": e.answer, "value": e.value, "probability": e.probability,
                     "logprob": e.logprob, "none_probability": e.none_probability, "tokens": e.tokens,
                     "min_token_probability": e.min_token_probability,
-                } | ({"currency": e.currency} if e.currency is not None else {})
+                } | ({"currency": e.currency} if e.currency is not None else {}) \
+                  | ({"none_calibrated": e.none_calibrated} if e.none_calibrated is not None else {})
                 continue
             lps = sums[qi]
             cs = choice_scores(lps)
@@ -286,6 +291,18 @@ class Engine:
         ok = [p for p in items if isinstance(p, PreparedMessage)]
         done = iter(self.run(ok))
         return [next(done) if isinstance(p, PreparedMessage) else p for p in items]
+
+
+def _none_rule(qmap: Any) -> Any:
+    """An extraction question's none decision from its calibration's none map: raw
+    ``none_probability`` -> (calibrated probability of none, answer none?)."""
+    from spinf_stream.calibration import none_features
+
+    def rule(p: float) -> tuple[float, bool]:
+        calibrated = qmap.probabilities(none_features(p))
+        return calibrated[0], qmap.answer(calibrated) == 0
+
+    return rule
 
 
 def _grammars(questions: Sequence[Any], tokenizer: Any) -> Grammars | None:

@@ -21,6 +21,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
       - id: tone
         text: What is the tone of the message?
         choices: [friendly, neutral, hostile]   # per-question override
+        question: "Question: {question}\\nAnswer:"   # optional: its own branch template (default: the pack's)
       - id: amount
         text: What amount of money does the message ask for?
         extract: money                          # instead of choices: text | number | money ({*} {n} {$})
@@ -174,6 +175,8 @@ class ExpandedQuestion:
     text: str
     choices: tuple[str, ...]
     extract: Extraction | None = None
+    #: the question's own branch template (``None``: the pack's ``question``)
+    template: str | None = None
 
 
 def _whole_number(v: object) -> object:
@@ -201,6 +204,18 @@ class GenerateSpec(BaseModel):
         return v
 
 
+def _check_question_template(v: str) -> str:
+    """A branch template: ``{question}`` and literal text only."""
+    names = _placeholders(v)
+    if "question" not in names:
+        raise ValueError("must contain the {question} placeholder (the question's text)")
+    others = [n for n in names if n != "question"]
+    if others:
+        shown = ", ".join("{" + n + "}" for n in others)
+        raise ValueError(f"may only use {{question}}, found {shown}; write {{{{ and }}}} for literal braces")
+    return v
+
+
 class QuestionSpec(BaseModel):
     """One entry of ``questions``: a question, or a grid of them when it has ``vars``."""
 
@@ -216,6 +231,12 @@ class QuestionSpec(BaseModel):
     stop: Annotated[str, Field(min_length=1)] | None = None
     none: str | None = None
     currency_default: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] | None = None
+    question: str | None = None
+
+    @field_validator("question")
+    @classmethod
+    def _own_question_ok(cls, v: str | None) -> str | None:
+        return None if v is None else _check_question_template(v)
 
     @field_validator("extract")
     @classmethod
@@ -333,7 +354,7 @@ class QuestionSpec(BaseModel):
         out = []
         for combo in itertools.product(*(self.vars[n] for n in names)):
             values = dict(zip(names, combo))
-            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction))
+            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction, self.question))
         return out
 
 
@@ -369,14 +390,7 @@ class Pack(BaseModel):
     @field_validator("question")
     @classmethod
     def _question_ok(cls, v: str) -> str:
-        names = _placeholders(v)
-        if "question" not in names:
-            raise ValueError("must contain the {question} placeholder (the question's text)")
-        others = [n for n in names if n != "question"]
-        if others:
-            shown = ", ".join("{" + n + "}" for n in others)
-            raise ValueError(f"may only use {{question}}, found {shown}; write {{{{ and }}}} for literal braces")
-        return v
+        return _check_question_template(v)
 
     @field_validator("choices")
     @classmethod
@@ -448,5 +462,7 @@ class Pack(BaseModel):
         return "".join(out), tuple(spans)
 
     def render_question(self, q: ExpandedQuestion) -> str:
-        """The branch part of one question: ``question`` with ``{question}`` = ``q.text``."""
-        return _render(self._question_t, {"question": q.text})
+        """The branch part of one question: its template (the question's own ``question``, else the
+        pack's) with ``{question}`` = ``q.text``."""
+        template = self._question_t if q.template is None else _parse_template(q.template)
+        return _render(template, {"question": q.text})
