@@ -25,15 +25,7 @@ def expected_calibration_error(y: np.ndarray, probabilities: np.ndarray, n_bins:
     probability, it is right when that choice is ``y``, and ``B_m`` holds the rows whose confidence
     lies in ``((m-1)/M, m/M]`` (a confidence of exactly 0 goes to the first bin).
     """
-    conf = probabilities.max(axis=1)
-    right = probabilities.argmax(axis=1) == y
-    bins = np.clip(np.ceil(conf * n_bins).astype(int) - 1, 0, n_bins - 1)
-    total = 0.0
-    for m in range(n_bins):
-        inside = bins == m
-        if inside.any():
-            total += inside.sum() / len(y) * abs(right[inside].mean() - conf[inside].mean())
-    return float(total)
+    return binary_calibration_error(probabilities.argmax(axis=1) == y, probabilities.max(axis=1), n_bins)
 
 
 def auc(y: np.ndarray, probabilities: np.ndarray) -> float | None:

@@ -81,6 +81,7 @@ def sub_pack(pack: Pack, question_ids: Sequence[str]) -> Pack:
     data = pack.model_dump(mode="json")
     data["questions"] = [
         {"id": _escape(q.id), "text": _escape(q.text), "choices": list(q.choices)}
+        | ({"question": q.template} if q.template is not None else {})
         for q in pack.expand() if q.id in wanted
     ]
     return Pack.model_validate(data)
