@@ -9,6 +9,7 @@ threshold's decision). Extraction questions: :func:`extraction_metrics`.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,67 @@ def auc(y: np.ndarray, probabilities: np.ndarray) -> float | None:
         return float(roc_auc_score(first, probabilities[:, 0])) if 0 < first.sum() < len(y) else None
     per_choice = [roc_auc_score(y == j, probabilities[:, j]) for j in range(k) if 0 < (y == j).sum() < len(y)]
     return float(np.mean(per_choice)) if per_choice else None
+
+
+#: resamples and level of :func:`auc_interval`
+AUC_RESAMPLES = 1000
+AUC_LEVEL = 0.95
+
+
+def auc_interval(y: np.ndarray, probabilities: np.ndarray, *, resamples: int = AUC_RESAMPLES,
+                 level: float = AUC_LEVEL, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of :func:`auc` (Efron & Tibshirani 1993, ch. 13): the rows
+    are drawn with replacement ``resamples`` times (numpy generator seeded with ``seed``, so the
+    same rows always give the same interval) and the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    quantiles of the draws' AUCs taken (``scipy.stats.bootstrap``, ``method="percentile"``). A
+    draw's AUC is :func:`auc` of its rows (:func:`draw_aucs`); a draw where it is undefined is
+    left out. ``None`` when :func:`auc` is undefined on the rows themselves."""
+    from scipy.stats import bootstrap
+
+    if auc(y, probabilities) is None:
+        return None
+    res = bootstrap((np.arange(len(y)),), lambda index, axis=-1: draw_aucs(y, probabilities, index),
+                    n_resamples=resamples, confidence_level=level, method="percentile", vectorized=True,
+                    rng=np.random.default_rng(seed))
+    draws = res.bootstrap_distribution  # scipy's percentiles would be NaN with one undefined draw
+    lo, hi = np.nanquantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def draw_aucs(y: np.ndarray, probabilities: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """:func:`auc` of many draws of rows at once: ``index`` int ``[draws, m]`` (or ``[m]``) picks
+    each draw's rows; float64 ``[draws]`` (or a scalar), NaN where undefined. Each one-vs-rest
+    AUC is the Mann-Whitney statistic ``(R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg)`` with
+    ``R_pos`` the sum of the positives' ranks among the draw's scores, ties at their mean rank
+    (Hanley & McNeil 1982; ``scipy.stats.rankdata``)."""
+    from scipy.stats import rankdata
+
+    index = np.asarray(index)
+    one = index.ndim == 1
+    index = np.atleast_2d(index)
+    k = probabilities.shape[1]
+    ys = y[index]
+    columns = [0] if k == 2 else range(k)
+    per_choice = []
+    for j in columns:
+        pos = ys == j
+        n_pos = pos.sum(axis=1).astype(np.float64)
+        n_neg = index.shape[1] - n_pos
+        ranks = rankdata(probabilities[index, j], axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = ((ranks * pos).sum(axis=1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+        per_choice.append(np.where((n_pos > 0) & (n_neg > 0), a, np.nan))
+    stacked = np.stack(per_choice)
+    with warnings.catch_warnings():  # a draw where no choice has both kinds of rows: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = np.nanmean(stacked, axis=0)
+    return out[0] if one else out
+
+
+def has_signal(interval: tuple[float, float] | None) -> bool | None:
+    """Whether an AUC interval (:func:`auc_interval`) excludes 0.5, i.e. the probabilities rank
+    the rows better (or, mapped, worse) than chance beyond noise; ``None`` without an interval."""
+    return None if interval is None else not interval[0] <= 0.5 <= interval[1]
 
 
 def brier(y: np.ndarray, probabilities: np.ndarray) -> float:

@@ -323,7 +323,8 @@ def test_real_models_give_each_record_the_same_bytes_alone_batched_reversed_shuf
         alone.update(_bytes(engine(16384).score([m])))
     longest = max(p.n_tokens for p in engine(16384).prepare(msgs))
     assert longest > 300, "the long messages must be longer than the small budgets"
-    cases = {"batched, 16384": (msgs, 16384), "reversed, 1024": (msgs[::-1], 1024),
+    # (all ten batched at 16384 is not a case of its own: reversed at 1024 batches them all too)
+    cases = {"reversed, 1024": (msgs[::-1], 1024),
              "reversed, 160": (msgs[4:7][::-1], 160), "budget 100": (msgs[:2] + msgs[8:], 100),
              "shuffled, 64": ([msgs[5], msgs[1], msgs[9]], 64), "budget 16": (msgs[7:9], 16)}
     for case, (subset, budget) in cases.items():

@@ -247,6 +247,34 @@ def test_cross_validation_is_skipped_when_a_choice_is_right_in_only_one_row():
     assert cal.cross_validate("platt", lp, y, ("yes", "no"), "accuracy", folds=5) is None
 
 
+@pytest.mark.parametrize("method", ["platt", "vector", "temperature", "matrix"])
+def test_the_prior_map_gives_every_message_the_laplace_smoothed_class_frequencies(method):
+    """No signal: whatever the logprobs, ``(n_j + 1) / (n + k)``; in the method's own form (a
+    zero matrix for matrix), no threshold, the answer the most frequent choice."""
+    rng = np.random.default_rng(1)
+    y = np.array([0] * 30 + [1] * 60 + [2] * 10)
+    lp = rng.normal(-3, 2, (100, 3))
+    q = cal.fit_map(method, lp, y, ("a", "b", "c"), "accuracy", prior=True)
+    assert (q.matrix is not None) == (method == "matrix") and q.threshold is None
+    want = np.array([31, 61, 11]) / 103
+    assert q.apply(lp) == pytest.approx(np.tile(want, (100, 1)), abs=1e-15)
+    assert q.probabilities(list(lp[0])) == pytest.approx(list(want), abs=1e-15)
+    assert set(q.answers(q.apply(lp)).tolist()) == {1}
+    # a choice no row labels keeps a finite bias
+    two = cal.fit_map(method, lp[:40, :2], np.zeros(40, dtype=int), ("yes", "no"), "f1", prior=True)
+    assert two.apply(lp[:1, :2])[0] == pytest.approx([41 / 42, 1 / 42]) and two.threshold is None
+
+
+def test_cross_validated_prior_maps_come_from_the_other_folds_frequencies():
+    y = np.array([0] * 40 + [1] * 60)
+    lp = np.random.default_rng(2).normal(size=(100, 2))
+    got = cal.cross_validate("vector", lp, y, ("yes", "no"), "accuracy", folds=5, prior=True)
+    for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(lp, y):
+        n0 = int((y[train] == 0).sum())
+        assert got.probabilities[test] == pytest.approx(np.tile([(n0 + 1) / (len(train) + 2), 0], (len(test), 1))
+                                                       + np.tile([0, 1 - (n0 + 1) / (len(train) + 2)], (len(test), 1)))
+
+
 # ---------------------------------------------------------------------------- the file, identity
 
 MODEL = cal.ModelIdentity(name="some-model", weights_sha256="a" * 64)

@@ -22,7 +22,7 @@ from spinf_stream.cli.evaluation import sub_pack
 from spinf_stream.quality import expected_calibration_error
 from spinf_stream.packs import load_pack
 
-METRICS = {"accuracy", "macro_f1", "auc", "log_loss", "brier", "ece"}
+METRICS = {"accuracy", "macro_f1", "auc", "auc_ci95", "log_loss", "brier", "ece"}
 
 
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -156,7 +156,7 @@ def calibrated(pack_file, model_dir, labelled, tmp_path_factory):
     """``calibrate --method vector --target f1``: (CAL.json path, report, stderr)."""
     d = tmp_path_factory.mktemp("cal")
     r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
-             "--output", str(d / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(d / "report.json"),
+             "--output", str(d / "CAL.json"), "--method", "vector", "--target", "f1", "--no-signal", "keep", "--report", str(d / "report.json"),
              "--plots", str(d / "plots"), "--cache", str(d / "cache"), "--no-progress")
     return d / "CAL.json", orjson.loads((d / "report.json").read_bytes()), r.stderr
 
@@ -190,7 +190,7 @@ def test_calibrate_reports_cross_validated_not_fitted_numbers(pack_file, calibra
 def test_calibrate_matrix_reports_its_cross_validated_numbers_and_scores_with_its_map(pack_file, model_dir, labelled, tmp_path):
     out = tmp_path / "CAL.json"
     _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
-         "--method", "matrix", "--report", str(tmp_path / "report.json"), "--cache", str(tmp_path / "cache"), "--no-progress")
+         "--method", "matrix", "--report", str(tmp_path / "report.json"), "--no-signal", "keep", "--cache", str(tmp_path / "cache"), "--no-progress")
     c = cal.load(out)
     assert c.method == "matrix"
     assert all(q.matrix is not None and q.scale is None for q in c.questions.values())
@@ -282,7 +282,7 @@ def test_a_rerun_with_the_cache_scores_nothing_and_reports_the_same(pack_file, c
     assert b"scoring 60 of 60 rows" in first_stderr
     again = tmp_path / "again.json"
     r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
-             "--output", str(tmp_path / "CAL.json"), "--method", "vector", "--target", "f1", "--report", str(again),
+             "--output", str(tmp_path / "CAL.json"), "--method", "vector", "--target", "f1", "--no-signal", "keep", "--report", str(again),
              "--cache", str(path.parent / "cache"), "--no-progress")
     assert b"scoring" not in r.stderr
     assert orjson.loads(again.read_bytes()) == doc
@@ -443,7 +443,7 @@ def test_calibrate_fits_none_decisions_and_score_answers_by_them(model_dir, tmp_
     labelled.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     rep, out = tmp_path / "report.json", tmp_path / "CAL.json"
     _cli("calibrate", "--pack", str(pack), "--model", str(model_dir), "--input", str(labelled), "--output", str(out),
-         "--report", str(rep), "--method", "platt", "--folds", "3", "--no-progress")
+         "--report", str(rep), "--method", "platt", "--folds", "3", "--no-signal", "keep", "--no-progress")
     doc = orjson.loads(rep.read_bytes())
     decision = doc["extractions"]["amount"]["none_decision"]
     assert decision["n"] == 24 and set(decision["raw"]) == METRICS and set(decision["calibrated"]) == METRICS
@@ -463,3 +463,57 @@ def test_calibrate_fits_none_decisions_and_score_answers_by_them(model_dir, tmp_
         assert s["none_calibrated"] == pytest.approx(want, rel=1e-9)
         assert (s["answer"] is None) == (want >= 0.5), s
         assert "none_calibrated" not in rec["scores"]["who"]  # not labelled: no map
+
+
+def _relabelled(labelled, tmp_path, name: str, label) -> "Path":
+    rows = [orjson.loads(x) for x in labelled.read_bytes().splitlines()]
+    out = tmp_path / f"{name}.jsonl"
+    out.write_bytes(b"".join(orjson.dumps({**r, "labels": {QID: label(r)}}) + b"\n" for r in rows if r.get("labels")))
+    return out
+
+
+def test_calibrate_ships_the_class_prior_for_a_question_without_signal_and_the_fitted_map_otherwise(
+        pack_file, model_dir, labelled, tmp_path):
+    """Labels by row parity are nothing the random tiny model can know: its cross-validated AUC's
+    95 % interval holds 0.5, so the map shipped gives the rows' Laplace-smoothed class frequencies to every message
+    (``score`` says so) and the report marks it; labels the model's own probability ranks are
+    signal, and keep the fitted map. ``--no-signal keep`` ships the fitted map anyway."""
+    from spinf_stream.quality import auc, auc_interval
+
+    records = _scored(pack_file, model_dir, labelled, tmp_path)
+    truth = _truth(labelled, QID)
+    y, lp, _ = _arrays(records, truth, "logprob")
+    median = float(np.median(lp[:, 0] - lp[:, 1]))
+    ranked = {i: "yes" if records[i]["scores"][QID]["choices"]["yes"]["logprob"]
+              - records[i]["scores"][QID]["choices"]["no"]["logprob"] > median else "no" for i in truth}
+    order = {i: n for n, i in enumerate(truth)}
+    sets = {"labels by row parity": (_relabelled(labelled, tmp_path, "chance", lambda r: ("yes", "no")[order[r["id"]] % 2]), False),
+            "the model's own ranking": (_relabelled(labelled, tmp_path, "ranked", lambda r: ranked[r["id"]]), True)}
+    for name, (path, signal) in sets.items():
+        rows = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+        yy = np.array([("yes", "no").index(r["labels"][QID]) for r in rows])
+        xx = np.array([[records[r["id"]]["scores"][QID]["choices"][c]["logprob"] for c in ("yes", "no")] for r in rows])
+        cv = cal.cross_validate("vector", xx, yy, ("yes", "no"), "accuracy", folds=5)
+        lo, hi = auc_interval(yy, cv.probabilities)
+        assert (not lo <= 0.5 <= hi) is signal, (name, lo, hi)
+        out, rep = tmp_path / f"{name}.json", tmp_path / f"{name}.report.json"
+        r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(path), "--output", str(out),
+                 "--method", "vector", "--report", str(rep), "--no-progress")
+        s = orjson.loads(rep.read_bytes())["questions"][QID]["signal"]
+        assert s == {"auc": pytest.approx(auc(yy, cv.probabilities)), "auc_ci95": [pytest.approx(lo), pytest.approx(hi)],
+                     "present": signal, "prior_map": not signal}, name
+        m = cal.load(out).questions[QID]
+        n_yes = int((yy == 0).sum())
+        if signal:
+            assert m.scale != (0.0, 0.0) and b"no signal" not in r.stderr
+            continue
+        assert m.scale == (0.0, 0.0) and b"spam: no signal for" in r.stderr
+        got = _scored(pack_file, model_dir, path, tmp_path, str(out))
+        prior = [(n_yes + 1) / (len(yy) + 2), (len(yy) - n_yes + 1) / (len(yy) + 2)]
+        for rec in got.values():
+            s = rec["scores"][QID]
+            assert [s["choices"][c]["calibrated"] for c in ("yes", "no")] == pytest.approx(prior, abs=1e-15)
+            assert s["answer"] == ("yes", "no")[int(np.argmax(prior))]
+        _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(path), "--output", str(out),
+             "--method", "vector", "--no-signal", "keep", "--no-progress")
+        assert cal.load(out).questions[QID].scale != (0.0, 0.0)

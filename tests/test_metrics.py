@@ -100,3 +100,58 @@ def test_baseline_is_the_majority_accuracy_and_the_class_prior_log_loss():
     assert b["log_loss"] == pytest.approx(log_loss(Y3, np.tile(prior, (9, 1))))
     b2 = baseline(Y2, 2)
     assert b2 == pytest.approx({"accuracy": 0.5, "log_loss": math.log(2)})
+
+
+# --------------------------------------------------------------------------- signal (the AUC's interval)
+
+
+def _ties(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows of ``k`` choices, probabilities rounded to 0.05 so that many rows tie."""
+    p = np.round(rng.dirichlet(np.ones(k), n) / 0.05) * 0.05 + 1e-3
+    return rng.integers(0, k, n), p / p.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_the_auc_of_each_draw_is_scikit_learns_on_its_rows(k):
+    from spinf_stream.quality import draw_aucs
+
+    rng = np.random.default_rng(k)
+    y, p = _ties(rng, 80, k)
+    draws = rng.integers(0, 80, (12, 80))
+    want = [roc_auc_score(y[d] == 0, p[d, 0]) if k == 2 else roc_auc_score(y[d], p[d], multi_class="ovr", average="macro")
+            for d in draws]
+    assert draw_aucs(y, p, draws) == pytest.approx(want, abs=1e-12)
+    assert draw_aucs(y, p, np.arange(80)) == pytest.approx(auc(y, p), abs=1e-12)
+
+
+def test_a_draw_without_both_kinds_of_rows_has_no_auc():
+    from spinf_stream.quality import draw_aucs
+
+    assert np.isnan(draw_aucs(Y2, P2, np.array([[0, 0, 1, 2]])))[0]
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.15, -0.15])
+def test_the_bootstrap_interval_is_near_hanley_and_mcneils(shift):
+    """On 600 rows the percentile interval is within 0.006 of AUC ± 1.96 SE, SE of Hanley and
+    McNeil (1982, eq. 2) — another estimate of the same spread, not our code."""
+    from spinf_stream.quality import auc_interval, has_signal
+
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 2, 600)
+    p_yes = np.clip(0.5 + shift * (y == 0) - shift * (y == 1) + rng.normal(0, 0.25, 600), 0.001, 0.999)
+    p = np.stack([p_yes, 1 - p_yes], axis=1)
+    a = roc_auc_score(y == 0, p_yes)
+    n1, n0 = int((y == 0).sum()), int((y == 1).sum())
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    se = math.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0))
+    lo, hi = auc_interval(y, p)
+    assert lo == pytest.approx(a - 1.96 * se, abs=0.006) and hi == pytest.approx(a + 1.96 * se, abs=0.006)
+    assert lo < a < hi
+    assert has_signal((lo, hi)) is (shift != 0.0)  # no shift: chance, the interval holds 0.5
+    assert auc_interval(y, p) == (lo, hi)  # seeded: the same rows give the same interval
+
+
+def test_no_interval_without_both_kinds_of_rows():
+    from spinf_stream.quality import auc_interval, has_signal
+
+    assert auc_interval(np.zeros(4, dtype=int), P2[:4]) is None and has_signal(None) is None

@@ -58,9 +58,39 @@ def test_shipped_calibrations_name_the_weights_of_the_shipped_models(model):
         assert cal.load(REPO / "packs" / pack / "calibrations" / f"{model}.json").model == want
 
 
+#: packs whose reports predate the signal decision (``signal``): refitting them scores every
+#: labelled row with the whole pack, hours of CPU for moderation's 49 questions; left for a later
+#: stop (issue 19's note). Strict: a refitted one must leave this set.
+NO_SIGNAL_DECISION_YET = {"moderation", "news_topics", "product_category", "market_signals"}
+
+
+@pytest.mark.parametrize("pack", PACKS)
+@pytest.mark.parametrize("model", MODELS)
+def test_a_question_without_signal_ships_the_class_prior_and_one_with_signal_its_fitted_map(pack, model):
+    doc = orjson.loads((REPO / "packs" / pack / "reports" / f"{model}.json").read_bytes())
+    c = cal.load(REPO / "packs" / pack / "calibrations" / f"{model}.json")
+    decided = {qid: q for qid, q in doc["questions"].items()}
+    decided |= {qid: e["none_decision"] for qid, e in doc.get("extractions", {}).items() if "none_decision" in e}
+    if pack in NO_SIGNAL_DECISION_YET:
+        assert not any("signal" in q for q in decided.values()), f"{pack} has its signal decision: remove it from the set"
+        pytest.skip(f"{pack}: reports predate the signal decision")
+    for qid, q in decided.items():
+        s = q["signal"]
+        lo, hi = s["auc_ci95"]
+        assert s["present"] is (not lo <= 0.5 <= hi) and s["prior_map"] is (not s["present"]), (qid, s)
+        m = c.questions[qid]
+        weights = [x for row in m.matrix for x in row] if m.matrix is not None else list(m.scale)
+        assert (set(weights) == {0.0}) is s["prior_map"], qid
+        if s["prior_map"]:
+            p = m.probabilities([-1.0] * len(m.choices))
+            assert abs(doc["questions"].get(qid, q)["calibrated"]["log_loss"] - q["baseline"]["log_loss"]) <= 0.005
+            assert p == m.probabilities([-9.0] + [-0.5] * (len(m.choices) - 1))
+
+
 #: packs whose default-model numbers are known to miss the bar (issue 9 stays open for them):
-#: irony is at chance for every shipped model (the default's AUC 0.49-0.59 over ten wordings on
-#: 400 held-out rows), so no map of its answers beats the class prior's log loss.
+#: irony has a weak signal for the default model (cross-validated AUC 0.561, 95 % interval
+#: [0.517, 0.607]: not "no signal") and its raw probabilities are already calibrated (ECE 0.020),
+#: so no fitted map beats the raw log loss out of fold (0.6834 against 0.6825; prior 0.6905).
 #: Strict: meeting the bar turns this into a failure to remove.
 BELOW_THE_BAR = {"irony"}
 

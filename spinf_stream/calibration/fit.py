@@ -231,9 +231,24 @@ def question_map(scale: np.ndarray, bias: np.ndarray, choices: Sequence[str], th
     )
 
 
+def prior_question(y: np.ndarray, k: int, matrix: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The map of a question without signal: every weight 0 (``[k]``, or ``[k, k]`` when
+    ``matrix``) and ``bias_j = log((n_j + 1) / (n + k))``, the class frequencies of the rows with
+    one pseudo-count each (Laplace), so every message gets the class prior whatever its logprobs
+    and a choice no row labels keeps a finite bias."""
+    counts = np.bincount(y, minlength=k).astype(np.float64)
+    weights = np.zeros((k, k)) if matrix else np.zeros(k)
+    return weights, np.log((counts + 1) / (len(y) + k))
+
+
 def fit_map(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence[str], target: str,
-            content_free_lp: np.ndarray | None = None) -> QuestionCalibration:
-    """The question's map fitted on these rows, with its threshold for ``target`` (binary only)."""
+            content_free_lp: np.ndarray | None = None, prior: bool = False) -> QuestionCalibration:
+    """The question's map fitted on these rows, with its threshold for ``target`` (binary only);
+    with ``prior``, the class prior's map (:func:`prior_question`, in the method's form) and no
+    threshold (the answer is the most frequent choice)."""
+    if prior:
+        weights, bias = prior_question(y, len(choices), matrix=method == "matrix")
+        return question_map(weights, bias, choices, None)
     if method == "contextual":
         if content_free_lp is None:
             raise ValueError("contextual calibration needs the content-free inputs' logprobs")
@@ -248,9 +263,10 @@ def fit_map(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence[str], 
 
 
 def cross_validate(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence[str], target: str, folds: int,
-                   content_free_lp: np.ndarray | None = None, seed: int = 0) -> CrossValidated | None:
+                   content_free_lp: np.ndarray | None = None, seed: int = 0, prior: bool = False) -> CrossValidated | None:
     """k-fold cross-validation (stratified, shuffled with ``seed``): each row's calibrated
-    probabilities and answer come from a map (and threshold) fitted on the other folds only.
+    probabilities and answer come from a map (and threshold) fitted on the other folds only
+    (``prior``: :func:`fit_map`'s prior map of the other folds).
 
     Uses ``min(folds, rows of the rarest choice present)`` folds; ``None`` when that is below 2.
     """
@@ -263,7 +279,7 @@ def cross_validate(method: str, lp: np.ndarray, y: np.ndarray, choices: Sequence
     probs = np.zeros_like(lp)
     answers = np.zeros(len(y), dtype=int)
     for train, test in StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed).split(lp, y):
-        qc = fit_map(method, lp[train], y[train], choices, target, content_free_lp)
+        qc = fit_map(method, lp[train], y[train], choices, target, content_free_lp, prior)
         probs[test] = qc.apply(lp[test])
         answers[test] = qc.answers(probs[test])
     return CrossValidated(probs, answers, n_folds)

@@ -13,15 +13,18 @@ Report (``--report``), exactly::
     {"pack": {"name", "version", "sha256" (of its file)}, "model": "<name>", "calibration": "<id>" | null,
      "questions": {"<id>": {"n": rows,
                             "raw": {metric: value}, "calibrated": {metric: value} | null,
-                            "baseline": {"accuracy": ..., "log_loss": ...}}},
+                            "baseline": {"accuracy": ..., "log_loss": ...},
+                            "signal": {"auc", "auc_ci95", "present", "prior_map"}}},   # calibrate only
      "extractions": {"<id>": {"kind": ..., **extraction metrics}}}
 
-with the metrics of :func:`spinf_stream.quality.question_metrics` and, for labelled extraction
-questions (the key is left out when there are none), of
-:func:`spinf_stream.quality.extraction_metrics` (exact match, none accuracy, ECE of
-``probability``); calibrations are fitted for choice questions only. ``evaluate`` applies a fixed
-calibration to every row; ``calibrate`` reports k-fold cross-validated numbers (each row's
-calibrated probabilities come from a map fitted on the other folds), never fit-on-test ones.
+with the metrics of :func:`spinf_stream.quality.question_metrics` and ``auc_ci95`` (the AUC's 95 %
+bootstrap interval) and, for labelled extraction questions (the key is left out when there are
+none), of :func:`spinf_stream.quality.extraction_metrics` (exact match, none accuracy, ECE of
+``probability``); calibrations are fitted for choice questions and none decisions only.
+``evaluate`` applies a fixed calibration to every row; ``calibrate`` reports k-fold
+cross-validated numbers (each row's calibrated probabilities come from a map fitted on the other
+folds), never fit-on-test ones, and ``signal`` (:func:`signal_of`): a question whose fitted map
+ranks its rows no better than chance is shipped the class prior's map.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.engine.results import ExtractionScore
 from spinf_stream.labelled import Expected, LabelledRow, LabelledSet, read_labelled
 from spinf_stream.messages import Message
-from spinf_stream.quality import baseline, clean, extraction_metrics, question_metrics
+from spinf_stream.quality import auc, auc_interval, baseline, clean, extraction_metrics, has_signal, question_metrics
 from spinf_stream.softmax import softmax
 from spinf_stream.packs import ExpandedQuestion, Pack
 from spinf_stream.engine.segment import PreparedMessage
@@ -334,20 +337,40 @@ def content_free_logprobs(handle: ModelHandle, pack: Pack, inputs: Sequence[str]
 # --------------------------------------------------------------------------------------- report
 
 
-def _metrics(y: np.ndarray, probabilities: np.ndarray, answers: np.ndarray) -> dict[str, float | None]:
-    return {k: clean(v) for k, v in question_metrics(y, probabilities, answers).items()}
+def _metrics(y: np.ndarray, probabilities: np.ndarray, answers: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {k: clean(v) for k, v in question_metrics(y, probabilities, answers).items()}
+    interval = auc_interval(y, probabilities)
+    out["auc_ci95"] = list(interval) if interval is not None else None
+    return out
 
 
-def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray] | None) -> dict[str, Any]:
-    """``{"n", "raw", "calibrated", "baseline"}`` of one question; ``calibrated`` is
-    ``(probabilities, answers)`` or ``None``."""
+def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray] | None,
+                    signal: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"n", "raw", "calibrated", "baseline"}`` of one question, plus ``signal`` when given
+    (``calibrate``: see :func:`signal_of`); ``calibrated`` is ``(probabilities, answers)`` or
+    ``None``. Each metrics object also holds ``auc_ci95``, :func:`~spinf_stream.quality.auc_interval`."""
     raw_p = softmax(data.logprobs)
-    return {
+    out = {
         "n": int(len(data.y)),
         "raw": _metrics(data.y, raw_p, raw_p.argmax(axis=1)),
         "calibrated": _metrics(data.y, *calibrated) if calibrated is not None else None,
         "baseline": baseline(data.y, raw_p.shape[1]),
     }
+    if signal is not None:
+        out["signal"] = signal
+    return out
+
+
+def signal_of(y: np.ndarray, probabilities: np.ndarray, prior_map: bool) -> dict[str, Any]:
+    """Whether a question has signal for the model: ``{"auc", "auc_ci95", "present", "prior_map"}``
+    of the fitted map's cross-validated probabilities ``[n, k]`` (a map of all the choices'
+    logprobs can find what the raw ranking misses, and it is what a message would get);
+    ``present`` is false when the interval holds 0.5 (:func:`~spinf_stream.quality.has_signal`),
+    ``prior_map`` whether the shipped map is then the class prior's."""
+    interval = auc_interval(y, probabilities)
+    a = auc(y, probabilities)
+    return {"auc": clean(a), "auc_ci95": list(interval) if interval is not None else None,
+            "present": has_signal(interval), "prior_map": prior_map}
 
 
 def none_data(data: ExtractionData) -> QuestionData | None:
@@ -409,6 +432,7 @@ def summary(doc: dict[str, Any]) -> str:
             f"{qid[:28]:<28} {q['n']:>5} {f(q['raw']['auc']):>6} {f(q['raw']['accuracy'])}→{f(c.get('accuracy'))}"
             f" {f(q['raw']['ece'])}→{f(c.get('ece'))}  {f(q['raw']['log_loss'])}→{f(c.get('log_loss'))}"
             f" {f(q['baseline']['accuracy']):>8} {f(q['baseline']['log_loss']):>8}"
+            + ("  no signal: class prior" if q.get("signal", {}).get("prior_map") else "")
         )
     if doc.get("extractions"):
         lines.append(f"{'extraction':<28} {'n':>5} {'kind':>6} {'exact':>6} {'of values':>9} {'none acc':>8} "

@@ -139,6 +139,11 @@ class CalibrateCommand(_Common):
         json_schema_extra=plain("TARGET", "accuracy, f1, precision=P or recall=R (P, R between 0 and 1)"),
     )
     content_free: list[str] = Field(default=list(cal.CONTENT_FREE), description="Content-free inputs of the contextual method.")
+    no_signal: Literal["prior", "keep"] = Field(
+        default="prior",
+        description="A question whose cross-validated calibrated AUC has a 95% bootstrap interval holding 0.5: "
+        "prior ships the class prior's map (every message gets the class frequencies), keep ships the fitted map.",
+    )
 
     @field_validator("target")
     @classmethod
@@ -149,7 +154,9 @@ class CalibrateCommand(_Common):
     def cli_cmd(self) -> None:
         import numpy as np
 
-        from spinf_stream.cli.evaluation import content_free_logprobs, none_data, question_report, report, summary, write_json
+        from spinf_stream.cli.evaluation import (
+            content_free_logprobs, none_data, question_report, report, signal_of, summary, write_json,
+        )
         from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
@@ -179,6 +186,22 @@ class CalibrateCommand(_Common):
                 cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, cal.NONE_CHOICES, "accuracy", self.folds)
             except ValueError as e:
                 raise cal.CalibrationError(f"{self.input}: question {qid!r} (its none decision): {e}") from None
+        # a question (or none decision) whose fitted map ranks the rows no better than chance beyond
+        # noise gets the class prior's map, so it never claims more than it knows
+        signals: dict[str, dict[str, Any]] = {}
+        for qid, d in (questions | nones).items():
+            v = cv[qid]
+            if v is None or self.method == "contextual":
+                continue
+            signals[qid] = signal_of(d.y, v.probabilities, prior_map=False)
+            if signals[qid]["present"] is False and self.no_signal == "prior":
+                choices = d.question.choices if qid in questions else cal.NONE_CHOICES
+                maps[qid] = cal.fit_map(self.method, d.logprobs, d.y, choices, self.target, prior=True)
+                cv[qid] = cal.cross_validate(self.method, d.logprobs, d.y, choices, self.target, self.folds, prior=True)
+                signals[qid]["prior_map"] = True
+                lo, hi = signals[qid]["auc_ci95"]
+                print(f"{qid}: no signal for {handle.name} (cross-validated AUC {signals[qid]['auc']:.3f}, "
+                      f"95% interval [{lo:.3f}, {hi:.3f}] holds 0.5): shipping the class prior's map", file=sys.stderr)
         for q in pack.expand():  # contextual needs no labels: every question gets its map
             if q.id in cf and q.id not in maps:
                 scale, bias = cal.contextual_question(cf[q.id])
@@ -197,7 +220,7 @@ class CalibrateCommand(_Common):
             if v is None:
                 print(f"{qid}: too few rows of some choice for {self.folds}-fold cross-validation; calibrated: null",
                       file=sys.stderr)
-            entries[qid] = question_report(d, (v.probabilities, v.answers) if v else None)
+            entries[qid] = question_report(d, (v.probabilities, v.answers) if v else None, signals.get(qid))
             if self.plots:
                 from spinf_stream.plots import question_plots
 
@@ -206,7 +229,7 @@ class CalibrateCommand(_Common):
         none_decisions = {}
         for qid, d in nones.items():
             v = cv[qid]
-            none_decisions[qid] = question_report(d, (v.probabilities, v.answers) if v else None)
+            none_decisions[qid] = question_report(d, (v.probabilities, v.answers) if v else None, signals.get(qid))
         doc = report(pack, handle.name, result.id, entries, scored.extractions, none_decisions)
         if self.report:
             write_json(self.report, doc)
