@@ -69,11 +69,12 @@ NO_SIGNAL_DECISION_YET = {"moderation", "news_topics", "product_category", "mark
 def test_a_question_without_signal_ships_the_class_prior_and_one_with_signal_its_fitted_map(pack, model):
     doc = orjson.loads((REPO / "packs" / pack / "reports" / f"{model}.json").read_bytes())
     c = cal.load(REPO / "packs" / pack / "calibrations" / f"{model}.json")
-    decided = {qid: q for qid, q in doc["questions"].items()}
+    decided = dict(doc["questions"])
     decided |= {qid: e["none_decision"] for qid, e in doc.get("extractions", {}).items() if "none_decision" in e}
     if pack in NO_SIGNAL_DECISION_YET:
         assert not any("signal" in q for q in decided.values()), f"{pack} has its signal decision: remove it from the set"
-        pytest.skip(f"{pack}: reports predate the signal decision")
+        pytest.skip(f"{pack}: its reports predate the signal decision; the test runs for it once "
+                    f"`bench/calibrate_packs.py --pack {pack}` refits them and it leaves NO_SIGNAL_DECISION_YET")
     for qid, q in decided.items():
         s = q["signal"]
         lo, hi = s["auc_ci95"]
@@ -83,7 +84,7 @@ def test_a_question_without_signal_ships_the_class_prior_and_one_with_signal_its
         assert (set(weights) == {0.0}) is s["prior_map"], qid
         if s["prior_map"]:
             p = m.probabilities([-1.0] * len(m.choices))
-            assert abs(doc["questions"].get(qid, q)["calibrated"]["log_loss"] - q["baseline"]["log_loss"]) <= 0.005
+            assert abs(q["calibrated"]["log_loss"] - q["baseline"]["log_loss"]) <= 0.005
             assert p == m.probabilities([-9.0] + [-0.5] * (len(m.choices) - 1))
 
 

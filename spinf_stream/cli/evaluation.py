@@ -339,9 +339,12 @@ def content_free_logprobs(handle: ModelHandle, pack: Pack, inputs: Sequence[str]
 
 def _metrics(y: np.ndarray, probabilities: np.ndarray, answers: np.ndarray) -> dict[str, Any]:
     out: dict[str, Any] = {k: clean(v) for k, v in question_metrics(y, probabilities, answers).items()}
-    interval = auc_interval(y, probabilities)
-    out["auc_ci95"] = list(interval) if interval is not None else None
+    out["auc_ci95"] = _interval(auc_interval(y, probabilities))
     return out
+
+
+def _interval(interval: tuple[float, float] | None) -> list[float] | None:
+    return list(interval) if interval is not None else None
 
 
 def question_report(data: QuestionData, calibrated: tuple[np.ndarray, np.ndarray] | None,
@@ -369,7 +372,7 @@ def signal_of(y: np.ndarray, probabilities: np.ndarray, prior_map: bool) -> dict
     ``prior_map`` whether the shipped map is then the class prior's."""
     interval = auc_interval(y, probabilities)
     a = auc(y, probabilities)
-    return {"auc": clean(a), "auc_ci95": list(interval) if interval is not None else None,
+    return {"auc": clean(a), "auc_ci95": _interval(interval),
             "present": has_signal(interval), "prior_map": prior_map}
 
 
