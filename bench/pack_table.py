@@ -85,14 +85,16 @@ def signal(q: dict, model: str) -> str:
 def extraction_rows(paths: list[Path]) -> list[str]:
     """The extraction table: per extraction question and model, exact match (all rows, rows with a
     value), none accuracy, ECE of ``probability``, raw and (where the calibration decides none)
-    cross-validated with it, and the AUC of the raw ``none_probability``."""
+    cross-validated with it, the AUC of the raw ``none_probability``, and the signal of the none
+    decision's fitted map (:func:`signal`)."""
     docs = [orjson.loads(p.read_bytes()) for p in paths]
     docs = [d for d in docs if d.get("extractions")]
     docs.sort(key=lambda d: (d["pack"]["name"], MODELS.index(d["model"]) if d["model"] in MODELS else 9))
     out = [
         "| pack | question | kind | data set | rows (with a value / none) | model | exact match raw → cal | of values raw → cal "
-        "| none accuracy raw → cal | value answered none raw → cal | ECE raw → cal | none AUC |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---:|",
+        "| none accuracy raw → cal | value answered none raw → cal | ECE raw → cal | none AUC "
+        "| none decision's signal (CV AUC, 95 % interval) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---:|---|",
     ]
 
     def both(e: dict, c: dict, key: str) -> str:
@@ -106,7 +108,8 @@ def extraction_rows(paths: list[Path]) -> list[str]:
             out.append(
                 f"| {pack} | {qid} | {e['kind']} | {', '.join(sets.get(qid, ['?']))} | {e['n']} ({e['n_value']} / {e['n_none']}) "
                 f"| {d['model']} | {both(e, c, 'exact_match')} | {both(e, c, 'value_exact_match')} | {both(e, c, 'none_accuracy')} "
-                f"| {both(e, c, 'value_answered_none')} | {both(e, c, 'ece')} | {_f(e['none_auc'])} |"
+                f"| {both(e, c, 'value_answered_none')} | {both(e, c, 'ece')} | {_f(e['none_auc'])} "
+                f"| {signal(e.get('none_decision') or {}, d['model'])} |"
             )
     return out
 

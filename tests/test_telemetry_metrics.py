@@ -212,8 +212,8 @@ def test_every_series_the_dashboard_queries_is_exported(flow):
 #: series that records flowing through one member cannot move, and why
 STILL_WHEN_FLOWING = {
     "spinf_commit_failures_total": "needs a commit the broker refuses",
-    "spinf_decode_passes_total": "moves for packs with extraction questions only (this flow scores spam)",
-    "spinf_tokens_extracted_total": "moves for packs with extraction questions only (this flow scores spam)",
+    "spinf_decode_passes_total": "moves for packs with extraction questions only (this flow scores spam; see the extraction test below)",
+    "spinf_tokens_extracted_total": "moves for packs with extraction questions only (this flow scores spam; see below)",
 }
 
 
@@ -270,3 +270,68 @@ def test_lag_is_positive_while_the_scorer_is_behind_and_paused(topics):
     assert behind.value("spinf_consumer_time_lag_seconds") > 0
     assert behind.value("spinf_inflight_records") <= settings.max_inflight
     assert svc.stats.consumed < n  # it really was behind when scraped
+
+
+# -- a pack with extraction questions ------------------------------------------------------------
+
+EXTRACTING = """\
+name: extracting
+version: "1"
+description: a choice question and two extractions
+prompt: "Message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this message spam?
+  - id: amount
+    text: What amount of money does it ask for?
+    extract: money
+    max_tokens: 6
+  - id: who
+    text: Who wrote it?
+    extract: text
+    max_tokens: 4
+"""
+
+
+def test_decode_passes_and_extracted_tokens_are_counted_and_on_the_status_line(topics, tiny_model, tmp_path, caplog):
+    """Extracted tokens equal the sum of the records' own ``tokens``; each batch takes at least
+    its longest extraction's steps less one (its first token is read in the prefill) and at most
+    one decode pass per extracted token."""
+    import logging
+
+    import orjson
+
+    from broker import read_all
+
+    pack = tmp_path / "extracting.yaml"
+    pack.write_text(EXTRACTING)
+    t = topics(2)
+    texts = ["Pay £250 now", "You won $1,000! Call 0800 123 4567", "lunch at 1?", "Send USD 40 to Sam today",
+             "Meeting moved to Friday, Ann", "Claim your €500 voucher"]
+    values = [json_line({"id": f"x{i}", "text": s}) for i, s in enumerate(texts * 3)]
+    settings = run_settings(t, model=str(tiny_model), pack=str(pack), token_budget=4096, status_interval_s=0.2,
+                            lag_interval_s=0.1)
+
+    async def go() -> tuple[Scrape, int]:
+        await ensure_topics(t.kafka, [t.input, t.output, t.dlq], partitions=t.partitions)
+        with served(settings) as (telemetry, port):
+            svc = ScoringService(settings, load_engine_timed(settings, telemetry), telemetry=telemetry)
+            async with RunningService(svc):
+                await produce_values(t.kafka, t.input, values)
+                await wait_for(lambda: svc.stats.acked >= len(values), timeout_s=300, interval_s=0.1)
+                await asyncio.sleep(0.5)  # one more status line after the last batch
+                return await asyncio.to_thread(scrape, port), svc.stats.batches
+
+    with caplog.at_level(logging.INFO, logger="spinf_stream.stream.status"):
+        s, batches = asyncio.run(go())
+    records = [orjson.loads(r.value) for r in read_all(t, [t.output], len(values))]
+    assert len(records) == len(values)
+    lengths = [r["scores"][q]["tokens"] for r in records for q in ("amount", "who")]
+    extracted, passes = s.value("spinf_tokens_extracted_total"), s.value("spinf_decode_passes_total")
+    assert extracted == sum(lengths) > 0
+    assert max(lengths) - 1 <= passes <= sum(lengths)
+    assert batches <= s.value("spinf_forward_passes_total") - passes
+    status = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status:")]
+    assert status and status[-1].endswith(f", {int(extracted)} tokens extracted in {int(passes)} decode passes"), status[-1:]
