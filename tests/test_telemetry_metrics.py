@@ -3,17 +3,20 @@ random-weight model, real messages from ``../shared/data`` and a few bad ones.
 
 One flow runs per module (read the fixture ``flow``); each test checks one family of metrics
 against values computed independently of the telemetry: the produced records' partitions, the
-pack's questions, the engine's token counts, the kinds of the bad inputs.
+pack's questions, the engine's token counts, the kinds of the bad inputs. The last test runs a
+flow of its own with an extraction pack: its decode passes and extracted tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from spinf_stream.models.resolve import resolve
@@ -30,6 +33,7 @@ from broker import (  # noqa: F401  (fixtures)
     Topics,
     fake_message,
     json_line,
+    read_all,
     real_messages,
     run_settings,
     tansu,
@@ -299,12 +303,6 @@ def test_decode_passes_and_extracted_tokens_are_counted_and_on_the_status_line(t
     """Extracted tokens equal the sum of the records' own ``tokens``; each batch takes at least
     its longest extraction's steps less one (its first token is read in the prefill) and at most
     one decode pass per extracted token."""
-    import logging
-
-    import orjson
-
-    from broker import read_all
-
     pack = tmp_path / "extracting.yaml"
     pack.write_text(EXTRACTING)
     t = topics(2)
