@@ -24,35 +24,9 @@ from oracle import load_hf, prompt_pieces, prompt_tokens
 
 from spinf_stream.engine import Engine, Message
 from spinf_stream.packs import load_pack
+from tiny import EXTRACTION_PACK as PACK
 from tiny import FAMILIES
 
-PACK = """\
-name: extracting
-version: "1"
-description: choice, number, money, text and generate questions of one message
-preamble: "Read the message and answer.\\n\\n"
-prompt: "Message: {text}\\n"
-question: "Question: {question}\\nAnswer:"
-choices: [yes, no]
-questions:
-  - id: spam
-    text: Is this message spam?
-  - id: count
-    text: How many items does it mention?
-    extract: number
-    max_tokens: 6
-  - id: amount
-    text: What amount of money does it ask for?
-    extract: money
-    max_tokens: 8
-  - id: who
-    text: Who wrote it?
-    extract: text
-    max_tokens: 5
-  - id: gist
-    text: What is it about?
-    generate: {max_tokens: 4}
-"""
 
 MESSAGES = [
     "Pay £250 now",

@@ -42,6 +42,7 @@ from broker import (  # noqa: F401  (fixtures)
     wait_for,
 )
 from telemetry_helpers import Scrape, scrape, served
+from tiny import EXTRACTION_PACK
 
 pytestmark = pytest.mark.broker
 
@@ -278,33 +279,13 @@ def test_lag_is_positive_while_the_scorer_is_behind_and_paused(topics):
 
 # -- a pack with extraction questions ------------------------------------------------------------
 
-EXTRACTING = """\
-name: extracting
-version: "1"
-description: a choice question and two extractions
-prompt: "Message: {text}\\n"
-question: "Question: {question}\\nAnswer:"
-choices: [yes, no]
-questions:
-  - id: spam
-    text: Is this message spam?
-  - id: amount
-    text: What amount of money does it ask for?
-    extract: money
-    max_tokens: 6
-  - id: who
-    text: Who wrote it?
-    extract: text
-    max_tokens: 4
-"""
-
 
 def test_decode_passes_and_extracted_tokens_are_counted_and_on_the_status_line(topics, tiny_model, tmp_path, caplog):
     """Extracted tokens equal the sum of the records' own ``tokens``; each batch takes at least
     its longest extraction's steps less one (its first token is read in the prefill) and at most
     one decode pass per extracted token."""
     pack = tmp_path / "extracting.yaml"
-    pack.write_text(EXTRACTING)
+    pack.write_text(EXTRACTION_PACK)
     t = topics(2)
     texts = ["Pay £250 now", "You won $1,000! Call 0800 123 4567", "lunch at 1?", "Send USD 40 to Sam today",
              "Meeting moved to Friday, Ann", "Claim your €500 voucher"]
@@ -326,7 +307,7 @@ def test_decode_passes_and_extracted_tokens_are_counted_and_on_the_status_line(t
         s, batches = asyncio.run(go())
     records = [orjson.loads(r.value) for r in read_all(t, [t.output], len(values))]
     assert len(records) == len(values)
-    lengths = [r["scores"][q]["tokens"] for r in records for q in ("amount", "who")]
+    lengths = [a["tokens"] for r in records for a in r["scores"].values() if "tokens" in a]
     extracted, passes = s.value("spinf_tokens_extracted_total"), s.value("spinf_decode_passes_total")
     assert extracted == sum(lengths) > 0
     assert max(lengths) - 1 <= passes <= sum(lengths)

@@ -11,6 +11,35 @@ from pathlib import Path
 
 import torch
 
+#: a pack with a question of every kind: choice, number, money, text and generate (pack YAML)
+EXTRACTION_PACK = """\
+name: extracting
+version: "1"
+description: choice, number, money, text and generate questions of one message
+preamble: "Read the message and answer.\\n\\n"
+prompt: "Message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: spam
+    text: Is this message spam?
+  - id: count
+    text: How many items does it mention?
+    extract: number
+    max_tokens: 6
+  - id: amount
+    text: What amount of money does it ask for?
+    extract: money
+    max_tokens: 8
+  - id: who
+    text: Who wrote it?
+    extract: text
+    max_tokens: 5
+  - id: gist
+    text: What is it about?
+    generate: {max_tokens: 4}
+"""
+
 #: family -> real model whose tokenizer the tiny model uses
 TOKENIZER_OF = {
     "llama": "smollm2-135m",
