@@ -19,7 +19,7 @@ import torch
 
 from spinf_stream.engine.layout import Work, build_pass
 from spinf_stream.models import blocks
-from spinf_stream.models.attention import TorchAttention
+from spinf_stream.models.attention import DecodeCarry, DecodeContext, TorchAttention
 from spinf_stream.engine.segment import Branch, PreparedMessage
 
 #: name -> (query heads, KV heads, head dim, sliding window or None)
@@ -330,3 +330,38 @@ def test_a_decode_row_matches_the_definition_and_is_bitwise_the_same_in_any_pass
                 s = torch.tanh(s / softcap) * softcap
             want[h] = torch.softmax(s.masked_fill(~ok, float("-inf")), dim=0) @ values[:, h // g]
         assert torch.allclose(alone[i].double(), want, atol=2e-5), (name, i, (alone[i].double() - want).abs().max())
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0], ids=["fused", "softcap"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_decode_rows_read_from_a_kept_context_are_bitwise_those_of_fresh_keys(name, softcap):
+    """A message's decode context (its preamble and content laid out once, kept across steps
+    and shared by its extraction questions in one pass) gives every row the bits of a row whose
+    keys are laid out afresh, step after step."""
+    hq, hkv, d, window = SHAPES[name]
+    gen = torch.Generator().manual_seed(5)
+    rand = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    prefix = (rand(PREAMBLE, hkv, d), rand(PREAMBLE, hkv, d))
+    content = (rand(300, hkv, d), rand(300, hkv, d))
+    branches = {0: [rand(6, hkv, d), rand(6, hkv, d)], 1: [rand(11, hkv, d), rand(11, hkv, d)]}  # two questions
+    context = DecodeContext(room=11 + 8 + 1)
+    for step in range(4):
+        works, carries, fresh, rows_qkv = [], [], [], []
+        for slot, (bk, bv) in branches.items():
+            tip = Branch(slot, (5,), (-1,), (0,), (0,), ())
+            m = PreparedMessage(0, "m", tuple(range(1, 300 + bk.shape[0] + 1)), True, PREAMBLE, (tip,))
+            works.append(Work(m, (0,), slot, with_content=False, decode=True))
+            carries.append(DecodeCarry(content, (bk, bv), context, 0))
+            fresh.append((content, (bk, bv)))
+            rows_qkv.append((rand(hq, d), rand(hkv, d), rand(hkv, d)))
+        layout = build_pass(works, PREAMBLE)
+        q, k, v = torch.zeros(2, hq, d), torch.zeros(2, hkv, d), torch.zeros(2, hkv, d)
+        rows = [mp.branches[0].start for mp in layout.messages]
+        for row, (q1, k1, v1) in zip(rows, rows_qkv):
+            q[row], k[row], v[row] = q1, k1, v1
+        kw = dict(scale=d**-0.5, window=window, softcap=softcap)
+        kept = TorchAttention(layout)(q, k, v, prefix, carries, **kw).clone()
+        alone = TorchAttention(layout)(q, k, v, prefix, fresh, **kw)
+        assert torch.equal(kept, alone), (name, step)
+        for slot, (_, k1, v1) in zip(branches, rows_qkv):  # the row's key joins its branch for the next step
+            branches[slot] = [torch.cat((branches[slot][0], k1[None])), torch.cat((branches[slot][1], v1[None]))]

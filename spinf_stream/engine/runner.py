@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from spinf_stream.engine.decoding import ExtractionResult, Grammars, OpenExtraction, decode_work
 from spinf_stream.engine.layout import PassLayout, Work, build_pass, plan_passes
-from spinf_stream.models.attention import KV
+from spinf_stream.models.attention import DecodeCarry, DecodeContext
 from spinf_stream.models.decoder import Decoder, LayerKV
 from spinf_stream.engine.segment import PreparedMessage
+
+if TYPE_CHECKING:  # the engine's core runs without pydantic (bench/gpu_check.py)
+    from spinf_stream.packs.pack import Extraction
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ def run_passes(
     passes = computed = fed = decode_passes = 0
     carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
     history: dict[tuple[int, int], LayerKV] = {}  # (slot, question) -> its branch's keys/values so far
+    contexts: dict[int, DecodeContext] = {}  # slot -> its content laid out for its decode rows (the back end's)
     specs = grammars.specs if grammars else {}
     open_by_slot: dict[int, list[OpenExtraction]] = {}
     plan = plan_passes(prepared, token_budget)
@@ -165,13 +170,16 @@ def run_passes(
             for o in open_by_slot.pop(slot):
                 extracted[slot][o.question] = o.result()
             carried.pop(slot, None)
+            contexts.pop(slot, None)
         if not open_by_slot:
             break
         live = [o for os in open_by_slot.values() for o in os if not o.done]
         for i in range(0, len(live), max(token_budget, 1)):  # one row each
             group = live[i : i + token_budget]
             works = [decode_work(prepared[o.slot], o) for o in group]
-            chains = [_Chain(carried[o.slot], history[(o.slot, o.question)]) for o in group]
+            chains = [_Chain(carried[o.slot], history[(o.slot, o.question)],
+                             contexts.setdefault(o.slot, DecodeContext(_room(prepared[o.slot], specs))))
+                      for o in group]
             layout, hidden = forward(works, chains)
             decode_passes += 1
             step(hidden, [(o, offsets[0]) for o, offsets in zip(group, layout.read_offsets)])
@@ -179,19 +187,25 @@ def run_passes(
                                      sum(o.tokens for per in extracted for o in per.values()))
 
 
-class _Chain(Sequence[tuple[KV, KV]]):
-    """A decode step's carried keys/values, per layer as two pieces (``models.attention.carried_pieces``):
-    the message's content, then its branch's history (the question's tokens and the tokens
-    written before the newest)."""
+class _Chain(Sequence[DecodeCarry]):
+    """A decode step's carried keys/values, per layer (``models.attention.DecodeCarry``): the
+    message's content, then its branch's history (the question's tokens and the tokens written
+    before the newest), with the message's decode context, shared by its open extractions."""
 
-    def __init__(self, content: LayerKV, branch: LayerKV) -> None:
-        self.content, self.branch = content, branch
+    def __init__(self, content: LayerKV, branch: LayerKV, context: DecodeContext) -> None:
+        self.content, self.branch, self.context = content, branch, context
 
     def __len__(self) -> int:
         return len(self.branch)
 
-    def __getitem__(self, layer: int) -> tuple[KV, KV]:  # type: ignore[override]
-        return self.content[layer], self.branch[layer]
+    def __getitem__(self, layer: int) -> DecodeCarry:  # type: ignore[override]
+        return DecodeCarry(self.content[layer], self.branch[layer], self.context, layer)
+
+
+def _room(m: PreparedMessage, specs: dict[int, Extraction]) -> int:
+    """Keys a decode row of ``m`` may add after its content: its longest extraction branch, the
+    tokens it may write and its own row (a property of the message and the pack alone)."""
+    return max((len(b.tokens) + specs[b.question].max_tokens + 1 for b in m.branches if b.question in specs), default=0)
 
 
 def _extracts(m: PreparedMessage, specs: dict[int, object]) -> bool:

@@ -51,10 +51,77 @@ MIN_ROWS = 16
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-def carried_pieces(c: KV | Sequence[KV]) -> Sequence[KV]:
+class DecodeContext:
+    """One message's ``[preamble | content]`` keys and values laid out for its decode rows: per
+    layer two ``[Hkv, S, D]`` buffers, ``S`` = the context plus ``room`` rounded up
+    to :data:`KEY_MULTIPLE`. Built by the first decode step that reads a layer and kept for the
+    message's later steps and its other extraction questions, so a step copies only its own
+    branch's keys (the question's tokens and those written), never the preamble and content.
+    A step writes its branch after the context and reads the keys up to its own: the rows of
+    one context run one after the other (one attention unit per message).
+
+    Args:
+        room: keys a branch may add after the context (its question, the tokens it may write
+            and its own row); a step that needs more grows the buffers.
+    """
+
+    def __init__(self, room: int = 0) -> None:
+        self.room = room
+        self.layers: dict[int, KV] = {}
+
+    def buffers(self, layer: int, prefix: KV | None, prefix_len: int, content: KV, n_keys: int) -> KV:
+        """This layer's ``(keys, values)`` ``[Hkv, S, D]`` with ``S >= n_keys``: the preamble's
+        ``prefix_len`` keys, then ``content``'s ``[L, Hkv, D]``, then room for a branch."""
+        got = self.layers.get(layer)
+        if got is not None and got[0].shape[1] >= n_keys:
+            return got
+        ck, cv = content
+        P, L = prefix_len, ck.shape[0]
+        s = _round_up(max(P + L + self.room, n_keys, 1), KEY_MULTIPLE)
+        keys = ck.new_empty(ck.shape[1], s, ck.shape[2])
+        values = cv.new_empty(cv.shape[1], s, cv.shape[2])
+        if P:
+            assert prefix is not None, "a message attends to a preamble that was not passed"
+            keys[:, :P] = prefix[0][:P].transpose(0, 1)
+            values[:, :P] = prefix[1][:P].transpose(0, 1)
+        keys[:, P : P + L] = ck.transpose(0, 1)
+        values[:, P : P + L] = cv.transpose(0, 1)
+        self.layers[layer] = (keys, values)
+        return keys, values
+
+
+@dataclass(frozen=True)
+class DecodeCarry:
+    """A decode row's carried keys/values of one layer: its message's ``content`` and its
+    branch so far (``branch``: the question's tokens and the tokens written before the newest),
+    each ``([n, Hkv, D], [n, Hkv, D])``, with the message's :class:`DecodeContext`."""
+
+    content: KV
+    branch: KV
+    context: DecodeContext
+    layer: int
+
+
+def carried_pieces(c: KV | Sequence[KV] | DecodeCarry) -> Sequence[KV]:
     """A carried content of one layer as consecutive pieces: ``(keys, values)``, or a sequence of
     them to be read one after the other (a decode step's content, question and written tokens)."""
+    if isinstance(c, DecodeCarry):
+        return (c.content, c.branch)
     return (c,) if isinstance(c[0], torch.Tensor) else c  # type: ignore[return-value]
+
+
+def _as_carry(c: KV | Sequence[KV] | DecodeCarry) -> DecodeCarry:
+    """A decode row's carried pieces as a :class:`DecodeCarry` (plain pieces: the first is the
+    content, the rest its branch, with a context of their own)."""
+    if isinstance(c, DecodeCarry):
+        return c
+    pieces = carried_pieces(c)
+    content, rest = pieces[0], pieces[1:]
+    if rest:
+        branch = (torch.cat([p[0] for p in rest]), torch.cat([p[1] for p in rest]))
+    else:
+        branch = (content[0][:0], content[1][:0])
+    return DecodeCarry(content, branch, DecodeContext(), 0)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -184,6 +251,7 @@ class TorchAttention:
         pos = layout.positions
         self.units: list[_MessageUnits] = []
         self.work: list[tuple[int, int, int]] = []  # (message, 0 = content block / 1 = branch chunk, index)
+        self.decode_rows: list[int] = []  # messages that are a decode step's row
         for i, m in enumerate(layout.messages):
             mu = _MessageUnits()
             P, L = m.prefix_len, m.content_len
@@ -195,8 +263,8 @@ class TorchAttention:
                     # keys before the block are all visible: only [P + i0, N) needs a mask
                     hidden = torch.arange(P + i0, N)[None, :] > qp[:, None]  # causal: later keys and padding
                     mu.content_blocks.append((i0, i1, N, hidden.to(self.device)))
-            if m.decode:  # one row, its keys and its softmax in one unit
-                self.work.append((i, 2, 0))
+            if m.decode:  # one row, its keys and its softmax; a message's rows in one unit
+                self.decode_rows.append(i)
                 self.units.append(mu)
                 continue
             mu.branch_chunks = _branch_chunks(m, pos, self.device)
@@ -214,8 +282,6 @@ class TorchAttention:
         if kind == 0:
             i0, i1, n_keys, _ = self.units[i].content_blocks[j]
             return (i1 - i0) * n_keys
-        if kind == 2:
-            return m.n_keys + 1
         return BRANCH_ROWS * (m.n_keys + m.width_slots)
 
     def __call__(
@@ -237,7 +303,8 @@ class TorchAttention:
         """
         if q.dtype != torch.float32:  # softmax and its sums in fp32, as transformers does
             f32 = lambda kv: (kv[0].float(), kv[1].float())  # noqa: E731
-            joined = [tuple(f32(p) for p in carried_pieces(c)) for c in carried]
+            joined = [DecodeCarry(f32(c.content), f32(c.branch), c.context, c.layer) if isinstance(c, DecodeCarry)
+                      else tuple(f32(p) for p in carried_pieces(c)) for c in carried]
             o = self(q.float(), k.float(), v.float(), f32(prefix) if prefix else None, joined,
                      scale=scale, window=window, softcap=softcap)
             return o.to(q.dtype)
@@ -245,14 +312,23 @@ class TorchAttention:
             self._out = q.new_zeros(q.shape)
         out = self._out
         msgs = self.layout.messages
-        kv = self.executor.map(lambda i, _: None if msgs[i].decode else self._keys(msgs[i], k, v, prefix, carried),
-                               range(len(msgs)))
+        if self.decode_rows:
+            carries = {i: _as_carry(carried[msgs[i].carried]) for i in self.decode_rows}  # type: ignore[index]
+            groups: dict[int, list[int]] = {}
+            for i in self.decode_rows:
+                groups.setdefault(id(carries[i].context), []).append(i)
+            units = sorted(groups.values(), key=lambda g: -sum(msgs[i].n_keys for i in g))  # largest first
+
+            def rows(group: list[int], _: Scratch) -> None:
+                for i in group:
+                    self._decode(msgs[i], q, k, v, prefix, carries[i], out, scale, window, softcap)
+
+            self.executor.map(rows, units)
+            return out
+        kv = self.executor.map(lambda i, _: self._keys(msgs[i], k, v, prefix, carried), range(len(msgs)))
 
         def unit(w: tuple[int, int, int], scratch: Scratch) -> None:
             i, kind, j = w
-            if kind == 2:
-                self._decode(msgs[i], q, k, v, prefix, carried, out, scale, window, softcap)
-                return
             got = kv[i]
             assert got is not None
             keys, values = got
@@ -266,14 +342,13 @@ class TorchAttention:
         return out
 
     def _keys(
-        self, m: MessagePlan, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV], extra: int = 0,
+        self, m: MessagePlan, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The message's ``[preamble | content]`` keys and values as fresh ``[Hkv, S_pad, D]``
-        buffers, zero-padded to a multiple of :data:`KEY_MULTIPLE` (index = logical position),
-        with room for ``extra`` more keys after them (zeros)."""
+        buffers, zero-padded to a multiple of :data:`KEY_MULTIPLE` (index = logical position)."""
         P, L = m.prefix_len, m.content_len
         hkv, d = k.shape[1], k.shape[2]
-        s_pad = _round_up(max(P + L + extra, 1), KEY_MULTIPLE)
+        s_pad = _round_up(max(P + L, 1), KEY_MULTIPLE)
         keys = k.new_empty(hkv, s_pad, d)
         values = v.new_empty(hkv, s_pad, d)
         keys[:, P + L :] = 0.0  # the padding (every other key is written below)
@@ -299,31 +374,31 @@ class TorchAttention:
 
     def _decode(
         self, m: MessagePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None,
-        carried: list[KV], out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
+        carry: DecodeCarry, out: torch.Tensor, scale: float, window: int | None, softcap: float | None,
     ) -> None:
         """A decode step's row: against its carried ``[preamble | content | question | written]``
-        keys and its own key, one softmax; keys padded to :data:`KEY_MULTIPLE` (every shape the
-        message's). torch's fused attention without a soft cap, else two batched products."""
+        keys and its own key (those in its sliding window), one softmax, no mask: every shape is
+        the message's. The keys are read from its :class:`DecodeContext`, its branch written
+        after the context. torch's fused attention without a soft cap, else two batched products."""
         r = m.branches[0].start
         n = m.n_keys + 1  # the row's own key is the last visible one, at its logical position
-        keys, values = self._keys(m, k, v, prefix, carried, extra=1)
+        base = m.prefix_len + carry.content[0].shape[0]
+        h = carry.branch[0].shape[0]
+        assert base + h + 1 == n, "a decode row's carried keys are its content and its branch"
+        keys, values = carry.context.buffers(carry.layer, prefix, m.prefix_len, carry.content, n)
+        keys[:, base : base + h] = carry.branch[0].transpose(0, 1)
+        values[:, base : base + h] = carry.branch[1].transpose(0, 1)
         keys[:, n - 1] = k[r]
         values[:, n - 1] = v[r]
-        hkv, n_pad, d = keys.shape
-        at = torch.arange(n_pad, device=keys.device)
-        visible = at < n
-        if window is not None:
-            visible &= at > (n - 1) - window
+        lo = 0 if window is None else max(0, n - window)  # visible: keys at positions > (n - 1) - window
+        keys, values = keys[:, lo:n], values[:, lo:n]
         if softcap is None:
-            o = F.scaled_dot_product_attention(
-                q[r][None, :, None, :], keys[None], values[None], attn_mask=visible[None, None, None, :], scale=scale,
-                enable_gqa=True,
-            )
-            out[r] = o[0, :, 0]
+            out[r] = F.scaled_dot_product_attention(q[r][None, :, None, :], keys[None], values[None], scale=scale,
+                                                    enable_gqa=True)[0, :, 0]
             return
+        hkv, d = keys.shape[0], keys.shape[2]
         g = q.shape[1] // hkv
         s = _softcap(torch.bmm(q[r].view(hkv, g, d) * scale, keys.transpose(1, 2)), softcap)  # [Hkv, G, N]
-        s.masked_fill_(~visible, float("-inf"))
         s = (s - s.amax(dim=-1, keepdim=True)).exp()
         out[r] = (torch.bmm(s, values) / s.sum(dim=-1, keepdim=True)).reshape(-1, d)
 
