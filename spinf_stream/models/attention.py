@@ -76,16 +76,10 @@ class DecodeContext:
         if got is not None and got[0].shape[1] >= n_keys:
             return got
         ck, cv = content
-        P, L = prefix_len, ck.shape[0]
-        s = _round_up(max(P + L + self.room, n_keys, 1), KEY_MULTIPLE)
+        s = _round_up(max(prefix_len + ck.shape[0] + self.room, n_keys, 1), KEY_MULTIPLE)
         keys = ck.new_empty(ck.shape[1], s, ck.shape[2])
         values = cv.new_empty(cv.shape[1], s, cv.shape[2])
-        if P:
-            assert prefix is not None, "a message attends to a preamble that was not passed"
-            keys[:, :P] = prefix[0][:P].transpose(0, 1)
-            values[:, :P] = prefix[1][:P].transpose(0, 1)
-        keys[:, P : P + L] = ck.transpose(0, 1)
-        values[:, P : P + L] = cv.transpose(0, 1)
+        _put(keys, values, 0, [*_preamble(prefix, prefix_len), content])
         self.layers[layer] = (keys, values)
         return keys, values
 
@@ -108,6 +102,24 @@ def carried_pieces(c: KV | Sequence[KV] | DecodeCarry) -> Sequence[KV]:
     if isinstance(c, DecodeCarry):
         return (c.content, c.branch)
     return (c,) if isinstance(c[0], torch.Tensor) else c  # type: ignore[return-value]
+
+
+def _preamble(prefix: KV | None, prefix_len: int) -> list[KV]:
+    """The preamble's first ``prefix_len`` keys/values as a piece (none when ``prefix_len`` is 0)."""
+    if not prefix_len:
+        return []
+    assert prefix is not None, "a message attends to a preamble that was not passed"
+    return [(prefix[0][:prefix_len], prefix[1][:prefix_len])]
+
+
+def _put(keys: torch.Tensor, values: torch.Tensor, at: int, pieces: Sequence[KV]) -> int:
+    """Write ``pieces`` (each ``([n, Hkv, D], [n, Hkv, D])``) one after the other into
+    ``keys, values [Hkv, S, D]`` from index ``at``; returns the index after the last."""
+    for pk, pv in pieces:
+        keys[:, at : at + pk.shape[0]] = pk.transpose(0, 1)
+        values[:, at : at + pv.shape[0]] = pv.transpose(0, 1)
+        at += pk.shape[0]
+    return at
 
 
 def _as_carry(c: KV | Sequence[KV] | DecodeCarry) -> DecodeCarry:
@@ -329,9 +341,7 @@ class TorchAttention:
 
         def unit(w: tuple[int, int, int], scratch: Scratch) -> None:
             i, kind, j = w
-            got = kv[i]
-            assert got is not None
-            keys, values = got
+            keys, values = kv[i]
             if kind == 0:
                 self._content(msgs[i], self.units[i].content_blocks[j], q, keys, values, out, scale, window, softcap, scratch)
             else:
@@ -353,23 +363,15 @@ class TorchAttention:
         values = v.new_empty(hkv, s_pad, d)
         keys[:, P + L :] = 0.0  # the padding (every other key is written below)
         values[:, P + L :] = 0.0
-        if P:
-            assert prefix is not None, "a message attends to a preamble that was not passed"
-            keys[:, :P] = prefix[0][:P].transpose(0, 1)
-            values[:, :P] = prefix[1][:P].transpose(0, 1)
+        pieces = _preamble(prefix, P)
         if L:
             if m.content_start is not None:
-                ck, cv = k[m.content_start : m.content_start + L], v[m.content_start : m.content_start + L]
-                keys[:, P : P + L] = ck.transpose(0, 1)
-                values[:, P : P + L] = cv.transpose(0, 1)
+                pieces.append((k[m.content_start : m.content_start + L], v[m.content_start : m.content_start + L]))
             else:
                 assert m.carried is not None
-                at = P
-                for ck, cv in carried_pieces(carried[m.carried]):
-                    keys[:, at : at + ck.shape[0]] = ck.transpose(0, 1)
-                    values[:, at : at + cv.shape[0]] = cv.transpose(0, 1)
-                    at += ck.shape[0]
-                assert at == P + L, "a carried content's keys/values have its length"
+                pieces.extend(carried_pieces(carried[m.carried]))
+        at = _put(keys, values, 0, pieces)
+        assert at == P + L, "a carried content's keys/values have its length"
         return keys, values
 
     def _decode(
@@ -386,10 +388,7 @@ class TorchAttention:
         h = carry.branch[0].shape[0]
         assert base + h + 1 == n, "a decode row's carried keys are its content and its branch"
         keys, values = carry.context.buffers(carry.layer, prefix, m.prefix_len, carry.content, n)
-        keys[:, base : base + h] = carry.branch[0].transpose(0, 1)
-        values[:, base : base + h] = carry.branch[1].transpose(0, 1)
-        keys[:, n - 1] = k[r]
-        values[:, n - 1] = v[r]
+        _put(keys, values, base, (carry.branch, (k[r : r + 1], v[r : r + 1])))
         lo = 0 if window is None else max(0, n - window)  # visible: keys at positions > (n - 1) - window
         keys, values = keys[:, lo:n], values[:, lo:n]
         if softcap is None:
