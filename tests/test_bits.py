@@ -17,6 +17,7 @@ import orjson
 import pytest
 import torch
 from conftest import REPO, dataset
+from tiny import EXTRACTION_PACK
 
 from spinf_stream.engine import Engine, Message
 from spinf_stream.engine.layout import Work, build_pass
@@ -336,16 +337,22 @@ def test_real_models_give_each_record_the_same_bytes_alone_batched_reversed_shuf
 
 @pytest.mark.real_model
 def test_the_same_input_scored_with_1_2_and_4_compute_threads_gives_the_same_digests(tmp_path):
+    """A choice question and extraction questions of every kind (their decode steps included)."""
     msgs = _long_and_short()
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(b"".join(orjson.dumps(dict(m.fields)) + b"\n" for m in msgs))
+    pack = tmp_path / "extracting.yaml"
+    pack.write_text(EXTRACTION_PACK)
     seen = {}
     for threads in (1, 2, 4):
         out = tmp_path / f"out{threads}.jsonl"
         t0 = time.perf_counter()
-        r = _cli("score", "--pack", "spam", "--model", "smollm2-135m", "--input", str(inp), "--output", str(out),
+        r = _cli("score", "--pack", str(pack), "--model", "smollm2-135m", "--input", str(inp), "--output", str(out),
                  "--no-progress", "--device", "cpu", "--token-budget", "700", env={"OMP_NUM_THREADS": str(threads)})
         assert r.returncode == 0, r.stderr
-        seen[threads] = [orjson.loads(line)["digest"] for line in out.read_bytes().splitlines()]
-        assert len(seen[threads]) == len(msgs), (threads, time.perf_counter() - t0)
+        records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+        assert len(records) == len(msgs), (threads, time.perf_counter() - t0)
+        seen[threads] = [(r["digest"], r["scores"]) for r in records]
+    assert sum(s[q]["tokens"] for _, s in seen[1] for q in ("count", "amount", "who", "gist")) > len(msgs), \
+        "the extractions must write tokens (decode steps) for the threads to be tried on them"
     assert seen[1] == seen[2] == seen[4]
