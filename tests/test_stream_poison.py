@@ -321,10 +321,12 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     text = log.read_text(errors="replace")
     assert rc in (0, 130), f"timeout: exit {rc}\n{text[-3000:]}"
     assert "terminate called" not in text
-    # nothing lost: a third run scores the rest, and every message has a record
+    # nothing lost: a third run scores the rest, and every message has a record (the second run
+    # was assigned the partition only if its signal came after the model load)
+    assigned = _assigned_count(log)
     proc = start([])
     try:
-        wait_assigned(proc, 3)
+        wait_assigned(proc, assigned + 1)
         deadline = time.monotonic() + 300
         got: set[str] = set()
         while len(got) < len(messages) and time.monotonic() < deadline:
@@ -333,6 +335,33 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.real_model
+def test_a_sigterm_while_the_model_loads_exits_0_once_loaded_and_consumes_nothing(topics, tmp_path):
+    """Not the default action (exit 143): what GNU timeout or a rollout sends to a scorer still loading."""
+    t = topics(1)
+    produce(t, [json_line({"id": "m0", "text": "a message"})])
+    settings = run_settings(t, model="smollm2-135m", pack="spam", metrics_port=0)
+    log = tmp_path / "scorer.log"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([*CLI, "run", *scorer_args(settings)], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "loading model" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert rc == 0, f"exit {rc}\n{text[-3000:]}"
+    assert "SIGTERM before the scorer started" in text and "assigned partitions" not in text, text[-3000:]
 
 
 # -- the parser guard, on bytes no broker here would store -------------------------------------

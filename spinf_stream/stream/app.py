@@ -221,15 +221,48 @@ async def serve(service: ScoringService) -> int:
             loop.remove_signal_handler(sig)
 
 
+def _catch_signals_before_serving(caught: list[signal.Signals]) -> dict[signal.Signals, Any]:
+    """Until :func:`serve` installs its handlers (checks and the model load take seconds), a
+    SIGTERM/SIGINT is recorded in ``caught`` instead of killing the process (exit 143, or a
+    KeyboardInterrupt traceback); a second one ends it at once with exit 130. Nothing is consumed
+    before serving, so there is nothing to drain. Returns the handlers it replaced."""
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        caught.append(signal.Signals(signum))
+        if len(caught) > 1:
+            log.warning("%s again before the scorer started: exiting", caught[-1].name)
+            _exit_now(EXIT_INTERRUPTED)
+        log.info("%s before the scorer started: exiting once it is loaded, consuming nothing", caught[-1].name)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread
+            break
+    return previous
+
+
 def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
     """``spinf-stream run``: check the pack, the model reference, the broker and the topics; start
     telemetry and its endpoint; load the engine (unless given) and score until a signal; returns
-    the exit code.
+    the exit code. A SIGTERM/SIGINT before scoring starts (during the checks or the model load)
+    ends it once loaded with exit 0, nothing consumed; a second one at once with 130.
 
     Raises:
         UsageError (and the pack's and model's errors): a mistake found before the weights load.
     """
     configure_logging(settings.log_level, settings.log_format)
+    caught: list[signal.Signals] = []
+    previous = _catch_signals_before_serving(caught)
+    try:
+        return _run_scorer(settings, scorer, caught)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.Signals]) -> int:
     if scorer is None:
         check_scoring(settings, model=False)
         run_check(check_run_topics(settings))
@@ -238,6 +271,8 @@ def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
         with operations(settings) as telemetry, EngineThread() as engine_thread:
             if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
                 scorer = engine_thread.call(load_engine_timed, settings, telemetry)
+            if caught:  # nothing consumed; ended like a forced stop (the engine's native threads)
+                _exit_now(EXIT_OK)
             service = ScoringService(settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
             code = asyncio.run(serve(service))
             if code == EXIT_INTERRUPTED:
