@@ -34,7 +34,7 @@ def data_sets(pack: str) -> dict[str, list[str]]:
             for qid in dict.fromkeys(k for r in rows if r.strip() for k in orjson.loads(r).get("labels", {})):
                 out.setdefault(qid, []).append(f"{s['file']} (ours)")
             continue
-        for qid in s["labels"]:
+        for qid in [*s.get("labels", {}), *s.get("values", {})]:
             out.setdefault(qid, []).append(s["data"])
     return out
 
