@@ -270,6 +270,16 @@ def test_ops_endpoint_answers_probes_during_a_1000_connection_burst():
         server.stop()
 
 
+def _start_scorer(settings, log, prefix: list[str] = ()) -> subprocess.Popen[bytes]:
+    """``spinf-stream run`` in its own session, its output appended to ``log``, no SPINF_ settings
+    but the model cache from this environment."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    with open(log, "ab") as out:
+        return subprocess.Popen([*prefix, *CLI, "run", *scorer_args(settings)], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 def _assigned_count(log) -> int:
     return log.read_text(errors="replace").count("assigned partitions:")
 
@@ -284,13 +294,9 @@ def test_a_second_sigterm_stops_at_once_with_exit_130_and_loses_nothing(topics, 
     settings = run_settings(t, model="smollm2-135m", pack="spam", max_batch_messages=32, window_ms=0,
                             commit_interval_ms=100, metrics_port=0)
     log = tmp_path / "scorer.log"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
-    env["PYTHONPATH"] = str(REPO)
 
     def start(prefix: list[str]) -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
-            return subprocess.Popen([*prefix, *CLI, "run", *scorer_args(settings)], cwd=REPO, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return _start_scorer(settings, log, prefix)
 
     def wait_assigned(proc: subprocess.Popen[bytes], n: int) -> None:
         deadline = time.monotonic() + 180
@@ -344,11 +350,7 @@ def test_a_sigterm_while_the_model_loads_exits_0_once_loaded_and_consumes_nothin
     produce(t, [json_line({"id": "m0", "text": "a message"})])
     settings = run_settings(t, model="smollm2-135m", pack="spam", metrics_port=0)
     log = tmp_path / "scorer.log"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
-    env["PYTHONPATH"] = str(REPO)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([*CLI, "run", *scorer_args(settings)], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = _start_scorer(settings, log)
     try:
         deadline = time.monotonic() + 120
         while "loading model" not in log.read_text(errors="replace"):
