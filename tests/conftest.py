@@ -100,3 +100,15 @@ def loaded():
         return memo[key]
 
     return get
+
+
+def at_budget(engine, budget: int):
+    """``engine`` with another token budget, sharing its loaded pack and preamble KV cache.
+
+    The budget is read at each ``score`` call only; a new ``Engine`` would prefill the same
+    preamble again (minutes for the spam pack in Triton's interpreter)."""
+    import copy
+
+    other = copy.copy(engine)
+    other.token_budget = budget
+    return other

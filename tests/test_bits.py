@@ -16,7 +16,7 @@ import time
 import orjson
 import pytest
 import torch
-from conftest import REPO, dataset
+from conftest import REPO, at_budget, dataset
 from tiny import EXTRACTION_PACK
 
 from spinf_stream.engine import Engine, Message
@@ -276,8 +276,8 @@ def test_records_name_the_isa_the_blas_and_the_tiles(tiny_models, loaded):
 def test_the_triton_tiles_are_a_function_of_device_kind_dtype_and_n_only():
     import inspect
 
-    from kernels import rows_per_block
-    from kernels.matmul import tile_config
+    from spinf_stream.kernels import rows_per_block
+    from spinf_stream.kernels.matmul import tile_config
 
     assert list(inspect.signature(tile_config).parameters)[:3] == ["device", "dtype", "n"]
     assert list(inspect.signature(rows_per_block).parameters) == ["group"]
@@ -319,11 +319,12 @@ def test_real_models_give_each_record_the_same_bytes_alone_batched_reversed_shuf
     decoder, tok = loaded(resolve(model).path)
     pack = _ten_questions()
     msgs = _long_and_short()
-    engine = lambda budget: Engine(decoder, tok, pack, model, token_budget=budget)  # noqa: E731
+    whole = Engine(decoder, tok, pack, model, token_budget=16384)
+    engine = lambda budget: at_budget(whole, budget)  # noqa: E731
     alone = {}
     for m in msgs:
-        alone.update(_bytes(engine(16384).score([m])))
-    longest = max(p.n_tokens for p in engine(16384).prepare(msgs))
+        alone.update(_bytes(whole.score([m])))
+    longest = max(p.n_tokens for p in whole.prepare(msgs))
     assert longest > 300, "the long messages must be longer than the small budgets"
     # (all eight batched at 16384 is not a case of its own: reversed at 1024 batches them all too)
     cases = {"reversed, 1024": (msgs[::-1], 1024),

@@ -20,6 +20,7 @@ import orjson
 import pytest
 import regex
 import torch
+from conftest import at_budget
 from oracle import load_hf, prompt_pieces, prompt_tokens
 
 from spinf_stream.engine import Engine, Message
@@ -207,8 +208,10 @@ def test_extraction_records_are_bitwise_equal_alone_batched_reversed_and_split(t
     texts = MESSAGES if family == "llama" else MESSAGES[1:5]  # Gemma's 262k vocabulary costs more a step
     msgs = [Message(id=str(i), fields={"text": t}) for i, t in enumerate(texts)]
 
+    engine = Engine(decoder, tok, pack, family)
+
     def run(batch, budget):
-        return {r.id: orjson.dumps(r.model_dump()) for r in Engine(decoder, tok, pack, family, token_budget=budget).score(batch)}
+        return {r.id: orjson.dumps(r.model_dump()) for r in at_budget(engine, budget).score(batch)}
 
     together = run(msgs, 16384)
     alone = {}
@@ -437,9 +440,10 @@ def test_calibrated_extractions_are_bitwise_equal_alone_batched_and_split(tiny_m
     for bias in (-50.0, 50.0):
         cal_ = _none_calibration(pack, bias)
 
+        engine = Engine(decoder, tok, pack, "tiny", calibration=cal_)
+
         def run(batch, budget):
-            e = Engine(decoder, tok, pack, "tiny", token_budget=budget, calibration=cal_)
-            return {r.id: orjson.dumps(r.model_dump()) for r in e.score(batch)}
+            return {r.id: orjson.dumps(r.model_dump()) for r in at_budget(engine, budget).score(batch)}
 
         together = run(msgs, 16384)
         alone = {}

@@ -9,7 +9,7 @@ import sys
 
 import orjson
 import pytest
-from conftest import REPO, dataset
+from conftest import REPO, at_budget, dataset
 
 from spinf_stream import calibration as cal
 from spinf_stream.engine import Engine, Message
@@ -154,15 +154,16 @@ def test_digests_are_equal_across_budgets_for_messages_longer_than_the_budget(ti
     decoder, tok = loaded(tiny_models(family))
     pack = load_pack(REPO / "bench" / "packs" / "bbc56.yaml")
     msgs = _long_articles(4)
+    engine = Engine(decoder, tok, pack, family, token_budget=16384)
     alone = {}
     for m in msgs:
-        alone.update(_bytes(Engine(decoder, tok, pack, family, token_budget=16384).score([m])))
-    longest = max(p.n_tokens for p in Engine(decoder, tok, pack, family).prepare(msgs))
+        alone.update(_bytes(engine.score([m])))
+    longest = max(p.n_tokens for p in engine.prepare(msgs))
     assert longest > 4 * BUDGETS[0]
     for budget in BUDGETS:
         shuffled = msgs[:]
         random.Random(budget).shuffle(shuffled)
-        got = _bytes(Engine(decoder, tok, pack, family, token_budget=budget).score(shuffled))
+        got = _bytes(at_budget(engine, budget).score(shuffled))
         assert got == alone, f"budget {budget}: {sum(got[k] != alone[k] for k in got)} records differ"
 
 

@@ -1,4 +1,4 @@
-"""kernels/: each Triton kernel against its torch twin, each twin against an independent
+"""spinf_stream/kernels/: each Triton kernel against its torch twin, each twin against an independent
 computation, and batch invariance (a row's or message's bits do not depend on its neighbours).
 
 The Triton kernels run on CPU under TRITON_INTERPRET=1, in fp32 (the interpreter gets bf16
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import (  # noqa: E402
+from spinf_stream.kernels import (  # noqa: E402
     TreeMask,
     logsumexp_ref,
     logsumexp_triton,

@@ -182,7 +182,7 @@ def test_a_pass_whose_first_branch_alone_exceeds_the_budget_still_runs():
 def test_the_pass_segments_give_every_row_exactly_its_ancestors():
     """The flat description the Triton kernel reads (segments → key ranges) against the tree
     walked from the messages' own structure."""
-    from kernels import TreeMask
+    from spinf_stream.kernels import TreeMask
 
     from spinf_stream.engine.layout import Work, build_pass
     from spinf_stream.engine.segment import Branch, PreparedMessage

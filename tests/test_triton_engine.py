@@ -1,4 +1,4 @@
-"""The GPU code path, run on the CPU: the whole engine through the Triton kernels of kernels/
+"""The GPU code path, run on the CPU: the whole engine through the Triton kernels of spinf_stream/kernels/
 (GEMMs, RMSNorm, tree attention, LM-head log-sum-exp) in Triton's interpreter, selected as the
 service selects it, with ``SPINF_KERNELS=triton`` — for every family.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from conftest import dataset
+from conftest import at_budget, dataset
 from oracle import Oracle, load_hf, probabilities
 
 from spinf_stream.engine import Engine, Message
@@ -80,8 +80,10 @@ def test_triton_path_is_bitwise_invariant_to_order_budget_and_splits(tiny_models
     pack = load_pack("spam")
     msgs = _messages(3)
 
+    engine = Engine(decoder, tok, pack, family)  # one preamble prefill: the interpreter's largest cost
+
     def run(batch, budget):
-        return {r.id: orjson.dumps(r.model_dump()) for r in Engine(decoder, tok, pack, family, token_budget=budget).score(batch)}
+        return {r.id: orjson.dumps(r.model_dump()) for r in at_budget(engine, budget).score(batch)}
 
     together = run(msgs, 16384)
     alone = {}
@@ -96,7 +98,7 @@ def test_attention_is_one_kernel_launch_per_layer_per_pass(tiny_models, loaded, 
     """No per-message loop in the layer loop: the whole pass's attention is one launch a layer."""
     import importlib
 
-    ta = importlib.import_module("kernels.tree_attention")  # the module, not the function of that name
+    ta = importlib.import_module("spinf_stream.kernels.tree_attention")  # the module, not the function of that name
 
     launches = []
     real = ta._tree_attention_kernel

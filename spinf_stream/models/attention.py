@@ -1,6 +1,6 @@
 """Attention over a packed pass on the CPU (torch).
 
-The CUDA/Triton path is :mod:`kernels.tree_attention`; both read the plan that
+The CUDA/Triton path is :mod:`spinf_stream.kernels.tree_attention`; both read the plan that
 :func:`spinf_stream.engine.layout.build_pass` makes.
 
 Every query attends to exactly its ancestors (DESIGN.md "Mask"): a content token to its

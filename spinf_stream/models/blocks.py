@@ -1,7 +1,7 @@
 """The torch back end's building blocks, shared by every family.
 
 Batch-invariant linear, RMSNorm, rotary embedding, gated MLP. (Attention over the packed layout is
-:mod:`spinf_stream.models.attention`; the Triton twins of these ops are in ``kernels/``.)
+:mod:`spinf_stream.models.attention`; the Triton twins of these ops are in ``spinf_stream/kernels/``.)
 
 Batch invariance (a message's numbers do not depend on what else is in the pass) on the CPU
 rests on one measured rule of the BLAS (oneDNN/MKL sgemm): a GEMM row's bits are independent of

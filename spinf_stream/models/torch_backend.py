@@ -118,7 +118,7 @@ class TorchBackend(Backend):
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
-            from kernels import matmul_fp8_ref
+            from spinf_stream.kernels import matmul_fp8_ref
 
             y = matmul_fp8_ref(x, weight.data, weight.scale)
             return y if bias is None else y + bias
@@ -154,7 +154,7 @@ class TorchBackend(Backend):
         """Per group of :data:`~spinf_stream.models.ops.HEAD_GROUP` hidden rows that ``rows``
         reads: ``(sel [N] bool, local [n] rows in the group, logits [g, V] fp32, lse [g])``, the
         logits in ``HEAD_ROWS`` x ``HEAD_COLUMNS`` tiles on the workers."""
-        from kernels import logsumexp_ref
+        from spinf_stream.kernels import logsumexp_ref
 
         n_hidden, vocab = hidden.shape[0], lm_head.shape[0]
         if rows.numel() == 0:

@@ -1,6 +1,6 @@
 """The Triton back ends (and the cuBLAS variant for measuring).
 
-The batch-invariant kernels of ``kernels/``, and the same with cuBLAS
+The batch-invariant kernels of ``spinf_stream/kernels/``, and the same with cuBLAS
 GEMMs for measuring what invariance costs.
 
 - :class:`TritonBackend` (CUDA, always): the Triton kernels for every GEMM, RMSNorm, the packed
@@ -33,7 +33,7 @@ def interpreter_on() -> bool:
 
 
 class TritonBackend(Backend):
-    """The Triton kernels of ``kernels/`` (CUDA; CPU tensors under the interpreter)."""
+    """The Triton kernels of ``spinf_stream/kernels/`` (CUDA; CPU tensors under the interpreter)."""
 
     name = "triton"
     invariant_by_construction = True
@@ -56,14 +56,14 @@ class TritonBackend(Backend):
 
     @classmethod
     def numerics(cls, device: torch.device, dtype: torch.dtype) -> Numerics:
-        from kernels.logsumexp import BLOCK_V
-        from kernels.matmul import tile_config
-        from kernels.tree_attention import BLOCK_N as ATTENTION_KEYS
+        from spinf_stream.kernels.logsumexp import BLOCK_V
+        from spinf_stream.kernels.matmul import tile_config
+        from spinf_stream.kernels.tree_attention import BLOCK_N as ATTENTION_KEYS
 
         narrow, wide = tile_config(device, dtype, 1), tile_config(device, dtype, 1 << 20)
         gemm = f"gemm {narrow.block_m}x{narrow.block_n}x{narrow.block_k}"
         if wide != narrow:
-            from kernels.matmul import INTERPRETER_BLOCK_N
+            from spinf_stream.kernels.matmul import INTERPRETER_BLOCK_N
 
             gemm += f" ({wide.block_m}x{wide.block_n}x{wide.block_k} for N >= {4 * INTERPRETER_BLOCK_N})"
         tiles = f"{gemm}, attention keys {ATTENTION_KEYS}, lse {BLOCK_V}"
@@ -80,7 +80,7 @@ class TritonBackend(Backend):
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
-            from kernels import matmul_fp8_triton
+            from spinf_stream.kernels import matmul_fp8_triton
 
             y = matmul_fp8_triton(x, weight.data, weight.scale)
         else:
@@ -88,12 +88,12 @@ class TritonBackend(Backend):
         return y if bias is None else y + bias
 
     def _matmul(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        from kernels import matmul_triton
+        from spinf_stream.kernels import matmul_triton
 
         return matmul_triton(x.contiguous(), weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
-        from kernels import rms_norm_triton
+        from spinf_stream.kernels import rms_norm_triton
 
         shape = x.shape
         return rms_norm_triton(x.reshape(-1, shape[-1]), weight, eps, offset).view(shape)
@@ -123,7 +123,7 @@ class TritonBackend(Backend):
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Per group of HEAD_GROUP hidden rows that ``rows`` reads: ``(sel [N] bool, local rows
         on the device, logits [g, V] fp32, lse [g])``."""
-        from kernels import logsumexp_triton
+        from spinf_stream.kernels import logsumexp_triton
 
         for c0 in range(0, hidden.shape[0], HEAD_GROUP):
             c1 = min(c0 + HEAD_GROUP, hidden.shape[0])
@@ -150,14 +150,14 @@ class CublasBackend(TritonBackend):
 
 
 class TritonAttention:
-    """One ``kernels.tree_attention_triton`` launch per layer over the whole pass.
+    """One ``spinf_stream.kernels.tree_attention_triton`` launch per layer over the whole pass.
 
     The pass's segments become per-row key ranges (``kernels.TreeMask``) once, on the host, and
     are copied to the device once; per layer the keys are ``[preamble | carried | pass rows]``.
     """
 
     def __init__(self, layout: PassLayout, device: torch.device, group: int) -> None:
-        from kernels import TreeMask, rows_per_block
+        from spinf_stream.kernels import TreeMask, rows_per_block
 
         q0 = layout.query_start
         self.preamble_len = layout.preamble_len
@@ -169,7 +169,7 @@ class TritonAttention:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: KV | None, carried: list[KV],
         *, scale: float, window: int | None, softcap: float | None,
     ) -> torch.Tensor:
-        from kernels import tree_attention_triton
+        from spinf_stream.kernels import tree_attention_triton
 
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []

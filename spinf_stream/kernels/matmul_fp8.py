@@ -8,7 +8,7 @@ e.g. vLLM's `Fp8LinearMethod` with dynamic per-token scales): weights once at lo
 floating point spec). Then `y[r, n] = sx[r] * sw[n] * sum_k x8[r, k] * w8[n, k]`.
 
 Invariance: a row's scale is a max (exact in any order) of that row alone; the kernel is the
-fixed-tile GEMM of `kernels.matmul` (one program per output tile, K walked in `FP8_BLOCK_K` steps in
+fixed-tile GEMM of `spinf_stream.kernels.matmul` (one program per output tile, K walked in `FP8_BLOCK_K` steps in
 increasing order, never split): a row's bits depend on that row and the weights only.
 """
 
