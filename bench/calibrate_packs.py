@@ -2,7 +2,9 @@
 model, run ``spinf-stream calibrate`` with every fitted method and keep the one with the lowest
 cross-validated log loss (a proper scoring rule) as ``packs/<pack>/calibrations/<model>.json``, its
 report as ``packs/<pack>/reports/<model>.json``. The decision target of binary questions is the
-``target`` of the pack's ``data.yaml`` (default ``accuracy``). An extraction question
+``target`` of the pack's ``data.yaml`` (default ``accuracy``); each of its ``variants``
+(``name: target``) ships the same method with another target as
+``packs/<pack>/calibrations/<name>/<model>.json`` (``--calibration <name>``). An extraction question
 labelled with and without values gets a map of its none decision, always decided by accuracy;
 its report then adds ``calibrated_cv``: the extraction numbers when each fold's rows are scored
 with a calibration fitted on the other folds (the decision changes what is written, so this
@@ -120,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
             for sub, src in (("calibrations", best[2]), ("reports", best[3])):
                 (REPO / "packs" / pack / sub).mkdir(parents=True, exist_ok=True)
                 shutil.copy(src, REPO / "packs" / pack / sub / f"{model}.json")
+            for variant, variant_target in (mapping.get("variants") or {}).items():
+                # the same method and map, another decision target: calibrations/<variant>/<model>.json
+                cal, rep = tmp / f"{variant}.json", tmp / f"{variant}.report.json"
+                subprocess.run([sys.executable, "-m", "spinf_stream.cli", "calibrate", "--pack", pack, "--model", model,
+                                "--input", str(args.labelled / f"{pack}.jsonl"), "--method", best[1],
+                                "--target", str(variant_target), "--output", str(cal), "--report", str(rep),
+                                "--cache", args.cache, "--no-progress"],
+                               cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for sub, src in (("calibrations", cal), ("reports", rep)):
+                    (REPO / "packs" / pack / sub / variant).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(src, REPO / "packs" / pack / sub / variant / f"{model}.json")
+                print(f"{pack} {model}: shipped variant {variant} ({variant_target})", file=sys.stderr)
             if args.plots and model == MODELS[0]:
                 out = args.plots / pack
                 shutil.rmtree(out, ignore_errors=True)

@@ -6,7 +6,8 @@ data sets in ``../shared/data``.
 How a data set's labels answer a pack's questions lives beside the pack, in
 ``packs/<pack>/data.yaml``, not here::
 
-    target: recall=0.95             # optional: calibrate --target for the pack (bench/calibrate_packs.py)
+    target: accuracy                # optional: calibrate --target for the pack (bench/calibrate_packs.py)
+    variants: {recall95: recall=0.95}  # optional: more shipped calibrations, other targets (--calibration recall95)
     sets:
       - data: sms_spam              # a folder of ../shared/data (its dev.jsonl)
         rows: 1000                  # the first rows of dev.jsonl (a fixed pseudo-random order)

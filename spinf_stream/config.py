@@ -80,9 +80,10 @@ def dtype_field() -> Any:
 
 
 def calibration_field() -> Any:
-    """``--calibration FILE|auto|none``, defaulting to auto."""
-    return Field("auto", description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any) or none.",
-                 json_schema_extra=plain("FILE|auto|none"))
+    """``--calibration FILE|NAME|auto|none``, defaulting to auto."""
+    return Field("auto", description="Calibration: a calibration file, auto (the pack's shipped calibration for this model, if any), "
+                 "the name of one the pack ships beside it (e.g. recall95: `spinf-stream packs list`) or none.",
+                 json_schema_extra=plain("FILE|NAME|auto|none"))
 
 
 def allow_unstable_bits_field() -> Any:

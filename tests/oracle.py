@@ -3,7 +3,8 @@
 For message *m* and question *q*: ``full = preamble + render(prompt, m) + render(question, q)``,
 tokenized as one string (``add_special_tokens=True``) by :func:`prompt_tokens`; a choice's tokens
 are ``tokenize(full + answer_prefix + label)`` minus the tokens of ``full``; ``logprob`` = sum of
-the full-vocabulary log-probabilities of those tokens.
+the full-vocabulary log-probabilities of those tokens (the question's ``choice_scoring`` ``mean``:
+divided by their number; ``first_token``: the first token's alone).
 
 Special-token text in the message's fields (``<|im_end|>``, ``<end_of_turn>``, ...) is plain text
 when the pack says ``special_tokens_in_fields: plain`` (the default): the prompt is cut at the
@@ -156,11 +157,13 @@ class Oracle:
             if self.prefix_cache and any(len(c) > 1 for c in conts):
                 self._remember(f_ids[:-1])
             for label, c in zip(q.choices, conts):
-                if len(c) == 1:
+                if len(c) == 1 or q.choice_scoring == "first_token":
                     lps[label] = float(first[0, c[0]])
                 else:
                     lp, _ = self._run(f_ids + c[:-1], len(c))
                     lps[label] = math.fsum(float(lp[i, t]) for i, t in enumerate(c))
+                    if q.choice_scoring == "mean":
+                        lps[label] /= len(c)
             out[q.id] = lps
         return out
 

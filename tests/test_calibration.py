@@ -405,3 +405,67 @@ def test_an_explicit_calibration_file_for_another_model_is_an_error(tmp_path):
     path.write_bytes(_spam_calibration().to_json())
     with pytest.raises(cal.CalibrationError, match="is for model"):
         cal.resolve(str(path), load_pack("spam"), _Resolved("x", "b" * 64))
+
+
+def test_a_named_variant_resolves_to_its_folder_with_or_without_the_pack_name(tmp_path, monkeypatch):
+    d = _packs_dir_with_spam(tmp_path, monkeypatch)
+    pack = load_pack("spam")
+    default, variant = _spam_calibration(pack), cal.build(pack, MODEL, "platt", "recall=0.95", {"spam": cal.QuestionCalibration(
+        choices=("yes", "no"), scale=(0.8, 0.8), bias=(-1.0, 0.0), threshold=0.25)})
+    (d / "spam" / "calibrations" / "recall95").mkdir(parents=True)
+    (d / "spam" / "calibrations" / "some-model.json").write_bytes(default.to_json())
+    (d / "spam" / "calibrations" / "recall95" / "some-model.json").write_bytes(variant.to_json())
+    pack = load_pack("spam")
+    model = _Resolved("some-model", MODEL.weights_sha256)
+    assert cal.shipped_variants(pack) == ["recall95"]
+    assert cal.resolve("auto", pack, model) == default
+    assert cal.resolve("recall95", pack, model) == variant
+    assert cal.resolve("spam-recall95", pack, model) == variant
+    with pytest.raises(cal.CalibrationError, match="ships no 'recall95' calibration for model other"):
+        cal.resolve("recall95", pack, _Resolved("other", MODEL.weights_sha256))
+    assert cal.variant_of("recall90", pack) is None
+
+
+def test_an_unknown_calibration_name_is_a_usage_error_listing_the_shipped_ones(tmp_path, monkeypatch):
+    from spinf_stream.cli.preflight import check_calibration
+    from spinf_stream.errors import UsageError
+
+    d = _packs_dir_with_spam(tmp_path, monkeypatch)
+    (d / "spam" / "calibrations" / "recall95").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    check_calibration("recall95", load_pack("spam"))
+    with pytest.raises(UsageError, match=r"ships no calibration of that name \(shipped: auto, recall95\)"):
+        check_calibration("recall90", load_pack("spam"))
+
+
+def test_the_decision_rule_names_the_threshold_the_target_and_the_rows():
+    pack = load_pack("spam")
+    q = cal.QuestionCalibration(choices=("yes", "no"), scale=(0.8, 0.8), bias=(-1.0, 0.0), threshold=0.24221)
+    c = cal.build(pack, MODEL, "platt", "recall=0.95", {"spam": q})
+    assert cal.decision_rule(q, c) == f"yes if calibrated[yes] >= 0.242 (recall=0.95 on spam@{pack.version} rows)"
+    assert cal.decision_rule(c.questions["spam"].model_copy(update={"threshold": None}), c) is None
+
+
+@pytest.mark.parametrize("threshold", [None, 0.02, 0.98])
+def test_a_record_carries_the_threshold_and_rule_that_decided_its_answer(tiny_models, loaded, threshold):
+    """The answer is the argmax of `calibrated` unless a threshold decides it; then the record says so."""
+    from spinf_stream.engine import Engine, Message
+
+    decoder, tok = loaded(tiny_models("llama"))
+    pack = load_pack("spam")
+    q = cal.QuestionCalibration(choices=("yes", "no"), scale=(1.0, 1.0), bias=(0.0, 0.0), threshold=threshold)
+    c = cal.build(pack, MODEL, "vector", "precision=0.9", {"spam": q})
+    texts = ["WIN a prize! Call 0800 now", "see you at 6?", "Your account is locked, click here"]
+    records = Engine(decoder, tok, pack, "llama", calibration=c).score(
+        [Message(id=str(i), fields={"text": t}) for i, t in enumerate(texts)])
+    for r in records:
+        s = r.scores["spam"]
+        yes = s.choices["yes"].calibrated
+        dumped = r.model_dump()["scores"]["spam"]
+        if threshold is None:
+            assert s.answer == max(s.choices, key=lambda k: s.choices[k].calibrated)
+            assert "threshold" not in dumped and "rule" not in dumped
+        else:
+            assert s.answer == ("yes" if yes >= threshold else "no")
+            assert dumped["threshold"] == threshold
+            assert dumped["rule"] == f"yes if calibrated[yes] >= {threshold:.3f} (precision=0.9 on spam@{pack.version} rows)"

@@ -23,14 +23,18 @@ from spinf_stream.calibration.maps import (
     Method,
     ModelIdentity,
     PackIdentity,
+    VARIANT_NAME,
     QuestionCalibration,
     check,
+    decision_rule,
     load,
     model_identity,
     none_features,
     pack_identity,
     resolve,
     shipped_path,
+    shipped_variants,
+    variant_of,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +60,7 @@ _FIT = (
 __all__ = [
     "FORMAT", "MAX_PARAMETER", "METHODS", "NONE_CHOICES", "Calibration", "CalibrationError", "FittedOn", "Method", "ModelIdentity",
     "PackIdentity", "QuestionCalibration", "check", "load", "model_identity", "none_features", "pack_identity", "resolve",
-    "shipped_path",
+    "shipped_path", "shipped_variants", "VARIANT_NAME", "variant_of", "decision_rule",
     "CONTENT_FREE", "TARGET_PATTERN", "CrossValidated", "build", "choose_threshold", "contextual_question",
     "cross_validate", "fit_map", "fit_question", "parse_target", "question_map",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -285,26 +286,77 @@ def check(cal: Calibration, pack: PackIdentity, model: ModelIdentity | None) -> 
         )
 
 
-def shipped_path(pack: Pack, model_name: str) -> Path | None:
-    """Where the shipped calibration of ``pack`` for ``model_name`` lives: beside the pack file,
-    ``<dir>/<pack file stem>/calibrations/<model name>.json`` (``None`` for an in-memory pack or a
-    model given by path)."""
-    if pack.source is None or "/" in model_name or model_name.startswith("."):
+#: a shipped variant's name (``--calibration recall95``): a folder of ``calibrations/``
+VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+def _calibrations_dir(pack: Pack) -> Path | None:
+    if pack.source is None:
         return None
     src = Path(pack.source)
-    return src.parent / src.stem / "calibrations" / f"{model_name}.json"
+    return src.parent / src.stem / "calibrations"
+
+
+def shipped_path(pack: Pack, model_name: str, variant: str | None = None) -> Path | None:
+    """Where the shipped calibration of ``pack`` for ``model_name`` lives: beside the pack file,
+    ``<dir>/<pack file stem>/calibrations/<model name>.json``, or for a named variant
+    ``calibrations/<variant>/<model name>.json`` (``None`` for an in-memory pack or a model given
+    by path)."""
+    where = _calibrations_dir(pack)
+    if where is None or "/" in model_name or model_name.startswith("."):
+        return None
+    return (where / variant if variant else where) / f"{model_name}.json"
+
+
+def shipped_variants(pack: Pack) -> list[str]:
+    """The named calibrations shipped beside the default ones (folders of ``calibrations/``), sorted."""
+    where = _calibrations_dir(pack)
+    if where is None or not where.is_dir():
+        return []
+    return sorted(d.name for d in where.iterdir() if d.is_dir() and VARIANT_NAME.match(d.name))
+
+
+def variant_of(ref: str, pack: Pack) -> str | None:
+    """The shipped variant ``ref`` names (``recall95``, or with the pack's name: ``spam-recall95``),
+    or ``None`` when ``ref`` is no such name (then it is a file)."""
+    if Path(ref).exists() or not VARIANT_NAME.match(ref):
+        return None
+    variants = shipped_variants(pack)
+    for name in (ref, ref.removeprefix(f"{pack.name}-")):
+        if name in variants:
+            return name
+    return None
+
+
+def decision_rule(qc: QuestionCalibration, cal: Calibration) -> str | None:
+    """The record's ``rule`` for a question whose answer a threshold decides (``None`` otherwise):
+    ``"yes if calibrated[yes] >= 0.242 (recall=0.95 on spam@1.1.0 rows)"``."""
+    if qc.threshold is None:
+        return None
+    first = qc.choices[0]
+    return f"{first} if calibrated[{first}] >= {qc.threshold:.3f} ({cal.target} on {cal.pack.name}@{cal.pack.version} rows)"
 
 
 def resolve(ref: str | Path | Calibration | None, pack: Pack, model: ResolvedModel) -> Calibration | None:
     """The calibration to score with: ``none``/``None`` → none; ``auto`` → the shipped one for
     this pack and model if there is one and it matches (else none, with a warning when one exists
-    but is stale); a path → that file, checked.
+    but is stale); a shipped variant's name (:func:`variant_of`) → its file for this model; a
+    path → that file, checked.
 
     Raises:
-        CalibrationError: an explicit file that is unreadable, invalid, or for another pack or model.
+        CalibrationError: an explicit file that is unreadable, invalid, or for another pack or
+            model; a variant the pack does not ship for this model.
     """
     if ref is None or (isinstance(ref, str) and ref == "none"):
         return None
+    variant = variant_of(ref, pack) if isinstance(ref, str) else None
+    if variant is not None:
+        path = shipped_path(pack, model.name, variant)
+        if path is None or not path.is_file():
+            raise CalibrationError(f"pack {pack.name} ships no {variant!r} calibration for model {model.name}")
+        cal = load(path)
+        check(cal, pack_identity(pack), model_identity(model))
+        return cal
     if isinstance(ref, str) and ref == "auto":
         path = shipped_path(pack, model.name)
         if path is None or not path.is_file():

@@ -93,7 +93,8 @@ def check_output_file(path: str | Path, flag: str, env: str, *, input_path: str 
 
 
 def check_calibration(ref: str, pack: Pack, flag: str = "--calibration", env: str = "SPINF_CALIBRATION") -> None:
-    """``--calibration``: ``auto``, ``none``, or a readable calibration file made for this pack file
+    """``--calibration``: ``auto``, ``none``, a shipped variant's name (``recall95``), or a readable
+    calibration file made for this pack file
     (whether it was made for the model's weights is checked when the model resolves).
 
     Raises:
@@ -102,7 +103,15 @@ def check_calibration(ref: str, pack: Pack, flag: str = "--calibration", env: st
     """
     if ref in ("auto", "none"):
         return
-    check_input_file(ref, flag, env)
     from spinf_stream import calibration
 
+    if calibration.variant_of(ref, pack) is not None:
+        return
+    if not Path(ref).exists() and calibration.VARIANT_NAME.match(ref):
+        shipped = calibration.shipped_variants(pack)
+        raise UsageError(
+            f"{flag} {ref} ({env}): no such file, and pack {pack.name} ships no calibration of that name"
+            f" (shipped: {', '.join(['auto', *shipped])})"
+        )
+    check_input_file(ref, flag, env)
     calibration.check(calibration.load(ref), calibration.pack_identity(pack), None)

@@ -109,6 +109,7 @@ class Engine:
         # Maps fixed once per pack and model: applying them is a few flops per choice.
         self.calibration = calibration
         self._maps = calibration.bind(self.questions) if calibration else [None] * len(self.questions)
+        self._rules = [_decision(m, calibration) for m in self._maps]
         self.prefix: LayerKV | None = self._prefill_preamble()
         self.grammars = _grammars(self.questions, tokenizer)
         if self.grammars is not None:
@@ -262,6 +263,9 @@ class Engine:
                   | ({"none_calibrated": e.none_calibrated} if e.none_calibrated is not None else {})
                 continue
             lps = sums[qi]
+            if q.choice_scoring == "mean":  # the sum over each choice's tokens, divided by their number
+                (branch,) = (b for b in p.branches if b.question == qi)
+                lps = [lp / len(path) for lp, path in zip(lps, branch.choices)]
             cs = choice_scores(lps)
             choices = {label: {"probability": pr, "logprob": lp, "floor": fl} for label, (pr, lp, fl) in zip(q.choices, cs)}
             qmap = self._maps[qi]
@@ -272,7 +276,8 @@ class Engine:
                 for label, c in zip(q.choices, calibrated):
                     choices[label]["calibrated"] = c
                 best = qmap.answer(calibrated)
-            scores[q.id] = {"answer": q.choices[best], "choices": choices}
+            scores[q.id] = {"answer": q.choices[best], "choices": choices} | self._rules[qi] \
+                | ({"choice_scoring": q.choice_scoring} if q.choice_scoring != "sum" else {})
         return ScoreRecord(
             id=p.id,
             pack=PackRef(
@@ -291,6 +296,15 @@ class Engine:
         ok = [p for p in items if isinstance(p, PreparedMessage)]
         done = iter(self.run(ok))
         return [next(done) if isinstance(p, PreparedMessage) else p for p in items]
+
+
+def _decision(qmap: Any, calibration: Calibration | None) -> dict[str, Any]:
+    """A question's ``threshold`` and ``rule`` in its records when a threshold decides it, else ``{}``."""
+    from spinf_stream.calibration import decision_rule
+
+    if qmap is None or calibration is None or qmap.threshold is None:
+        return {}
+    return {"threshold": qmap.threshold, "rule": decision_rule(qmap, calibration)}
 
 
 def _none_rule(qmap: Any) -> Any:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spinf_stream.engine.tokenizer import Prompt, PromptTokenizer, SpecialTokensInFields
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the pack is only read through its methods; keeps this module free of pydantic
     from spinf_stream.packs import Pack
@@ -192,17 +195,48 @@ class Segmenter:
         self.preamble_ids, self.preamble_chars = self._preamble_cut()
 
     def _check_choices(self) -> None:
+        """Each choice's tokens after its question's (out of a message's context): they must
+        extend them; under ``first_token`` their first tokens must differ; under ``sum`` a
+        question whose choices have unequal token counts is logged (longer labels lose mass)."""
         texts = [Prompt(t) for t, sufs in zip(self.q_texts, self.suffixes) for t in [t] + [t + s for s in sufs]]
         encoded = iter(self.tokenizer.encode(texts, add_special_tokens=False))
+        unequal: list[str] = []
         for q in self.questions:
             base = next(encoded)
+            conts = {}
             for label in q.choices:
-                if not _extends(base, next(encoded)):
+                ids = next(encoded)
+                if not _extends(base, ids):
                     raise LayoutError(
                         "choice_tokenization",
                         f"pack {self.pack.name!r}: choice {label!r} of question {q.id!r} merges with the "
                         f"question's last token; end the question template differently or change answer_prefix",
                     )
+                conts[label] = ids[len(base):]
+            if q.choice_scoring == "first_token":
+                self._first_tokens(self.questions.index(q), list(conts.values()))
+            if q.choice_scoring == "sum" and len({len(c) for c in conts.values()}) > 1:
+                unequal.append(f"{q.id} ({', '.join(f'{k!r}: {len(c)}' for k, c in conts.items())})")
+        if unequal:
+            log.warning(
+                "pack %s: %d question(s) whose choices have unequal token counts under choice_scoring sum, so a longer "
+                "label loses probability for its length: %s%s. Set choice_scoring: mean (or first_token) in the pack "
+                "if that is not meant", self.pack.name, len(unequal), "; ".join(unequal[:3]),
+                f"; and {len(unequal) - 3} more" if len(unequal) > 3 else "")
+
+    def _first_tokens(self, k: int, choice_tokens: list[list[int]]) -> list[list[int]]:
+        """``first_token`` scoring: each choice's first token alone; they must differ."""
+        firsts = [c[:1] for c in choice_tokens]
+        q = self.questions[k]
+        for i, f in enumerate(firsts):
+            j = firsts.index(f)
+            if j != i:
+                raise LayoutError(
+                    "choice_tokenization",
+                    f"pack {self.pack.name!r}: choices {q.choices[j]!r} and {q.choices[i]!r} of question {q.id!r} begin "
+                    f"with the same token, so choice_scoring first_token cannot tell them apart; use mean or sum",
+                )
+        return firsts
 
     def _preamble_cut(self) -> tuple[list[int], int]:
         """Tokens of the preamble that every message shares, and the char where the rest starts.
@@ -258,7 +292,8 @@ class Segmenter:
         use_preamble, prefix_len = self._preamble_use(first, offsets, cut)
         content = first[prefix_len:cut]
         own = [s.tokens_from(first, cut) for s in splits]
-        choices = self._choice_tokens(prompts, seam, first, splits)
+        choices = [self._first_tokens(k, ch) if q.choice_scoring == "first_token" else ch
+                   for k, (q, ch) in enumerate(zip(self.questions, self._choice_tokens(prompts, seam, first, splits)))]
         branches = tuple(_build_branch(k, br, ch) for k, (br, ch) in enumerate(zip(own, choices)))
         self._check_length(prefix_len + len(content), branches)
         decode = sum(max(self.written[b.question] - 1, 0) for b in branches)

@@ -12,6 +12,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     choices: [yes, no]                          # default choice labels (optional when every question has its own)
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
     special_tokens_in_fields: plain             # optional; plain (default) or parse, see below
+    choice_scoring: sum                         # optional; sum (default), mean or first_token, see below
     questions:
       - id: spam
         text: Is this text message spam or a scam?
@@ -22,6 +23,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
         text: What is the tone of the message?
         choices: [friendly, neutral, hostile]   # per-question override
         question: "Question: {question}\\nAnswer:"   # optional: its own branch template (default: the pack's)
+        choice_scoring: mean                    # optional: the pack's choice_scoring for this question
       - id: amount
         text: What amount of money does the message ask for?
         extract: money                          # instead of choices: text | number | money ({*} {n} {$})
@@ -48,6 +50,11 @@ cannot forge control tokens; ``parse`` gives it the tokenizer's default meaning 
 Special tokens written in the pack itself are control tokens either way
 (:mod:`spinf_stream.engine.tokenizer`).
 
+``choice_scoring`` says how a choice's tokens make its logprob: ``sum`` (the log-probability of
+the whole label), ``mean`` (that divided by its number of tokens: SGLang's token-length
+normalisation, for labels of unequal lengths) or ``first_token`` (the first token's alone, for
+labels whose first tokens differ).
+
 Every scalar in the file is read as a string (YAML's ``yes``/``no``/``on``/``off``/``1.0`` stay the
 text written), because every value in the schema is a string or a list/mapping of strings.
 """
@@ -69,6 +76,9 @@ from spinf_stream.currencies import CODES, WORDS
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 # A grid of placeholders multiplies: refuse packs whose expansion is absurdly large.
 MAX_QUESTIONS = 10_000
+#: how a choice's tokens make its score (``choice_scoring``): their summed logprob, that sum
+#: divided by their number (SGLang's token-length normalisation), or the first token's alone
+ChoiceScoring = Literal["sum", "mean", "first_token"]
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Loc = tuple[str | int, ...]
@@ -177,6 +187,8 @@ class ExpandedQuestion:
     extract: Extraction | None = None
     #: the question's own branch template (``None``: the pack's ``question``)
     template: str | None = None
+    #: how its choices' tokens are scored (choice questions): ``sum``, ``mean`` or ``first_token``
+    choice_scoring: ChoiceScoring = "sum"
 
 
 def _whole_number(v: object) -> object:
@@ -232,6 +244,7 @@ class QuestionSpec(BaseModel):
     none: str | None = None
     currency_default: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] | None = None
     question: str | None = None
+    choice_scoring: ChoiceScoring | None = None
 
     @field_validator("question")
     @classmethod
@@ -275,6 +288,8 @@ class QuestionSpec(BaseModel):
             if value is not None and self.extract is None:
                 hint = f" (for generate, inside it: generate: {{{key}: ...}})" if self.generate and key in ("max_tokens", "stop") else ""
                 raise _AtKey((key,), f"{key} is for extraction questions (with extract: text, number or money){hint}")
+        if self.choice_scoring is not None and (self.extract is not None or self.generate is not None):
+            raise _AtKey(("choice_scoring",), "choice_scoring is for choice questions, not extract or generate")
         if self.currency_default is not None and EXTRACT_KINDS.get(self.extract or "") != "money":
             raise _AtKey(("currency_default",), "currency_default is for extract: money questions")
         if self.currency_default is not None and self.currency_default not in CODES:
@@ -345,16 +360,18 @@ class QuestionSpec(BaseModel):
             n *= len(values)
         return n
 
-    def expand(self, default_choices: tuple[str, ...]) -> list[ExpandedQuestion]:
+    def expand(self, default_choices: tuple[str, ...], default_scoring: ChoiceScoring = "sum") -> list[ExpandedQuestion]:
         """The grid, in ``itertools.product`` order over ``vars`` in their file order."""
         extraction = self.extraction()
+        scoring = self.choice_scoring or default_scoring
         choices = () if extraction else self.choices if self.choices is not None else default_choices
         id_t, text_t = _parse_template(self.id), _parse_template(self.text)
         names = list(self.vars)
         out = []
         for combo in itertools.product(*(self.vars[n] for n in names)):
             values = dict(zip(names, combo))
-            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction, self.question))
+            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction, self.question,
+                                        scoring))
         return out
 
 
@@ -372,6 +389,7 @@ class Pack(BaseModel):
     choices: tuple[str, ...] | None = None
     answer_prefix: str = " "
     special_tokens_in_fields: Literal["plain", "parse"] = "plain"
+    choice_scoring: ChoiceScoring = "sum"
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
 
     _source: Path | None = PrivateAttr(default=None)
@@ -410,7 +428,7 @@ class Pack(BaseModel):
             if self.choices is None and spec.choices is None and spec.extraction() is None:
                 raise _AtKey(("questions", i), "no choices: give this question choices, extract or generate, "
                                                 "or the pack top-level choices")
-            for q in spec.expand(self.choices or ()):
+            for q in spec.expand(self.choices or (), self.choice_scoring):
                 if q.id in first_seen:
                     j = first_seen[q.id]
                     where = "this same question" if j == i else f"questions[{j}]"
