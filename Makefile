@@ -25,7 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/spinf-stream dev --pack $(PACK) --model $(MODEL) --input examples/messages.jsonl --until-done --port 0
+	$(BIN)/spinf-stream dev --pack $(PACK) --model $(MODEL) --input examples/messages.jsonl --until-done --port 0 \
+	    --print table --records .cache/demo/records.jsonl
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=30

@@ -341,7 +341,17 @@ class DevSettings(ScoringSettings):
         json_schema_extra=plain("FILE"),
     )
     key_field: str | None = Field("id", description="With --input: the JSON field used as the record key (none: no key).")
-    print_records: bool = Field(True, description="Print score and dead-letter records to stdout as JSON lines.")
+    print: Literal["jsonl", "table", "none"] = Field(
+        "jsonl",
+        description="What stdout shows of the score and dead-letter records of the messages dev published (with "
+        "--input; else every one read): jsonl (each record as it comes), table (one row per message in input order, "
+        "then a summary, when dev stops) or none.",
+    )
+    records: Path | None = Field(
+        None,
+        description="Also write those records to this JSON Lines file (replaced), as they come.",
+        json_schema_extra=plain("FILE"),
+    )
     until_done: bool = Field(
         False,
         description="With --input: stop (drain, commit, stop the broker) once every published message has a record.",

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -46,7 +47,7 @@ def test_records_come_out_in_input_order_with_error_records_in_place(tmp_path):
     src.write_bytes(_lines(7) + b"not json\n" + _lines(5, start=7) + b'{"id": "no-text"}\n')
     score_file(SlowEngine(pass_messages=3), str(src), str(dst))
     out = [orjson.loads(x) for x in dst.read_bytes().splitlines()]
-    assert [r.get("id") for r in out] == [f"m{i}" for i in range(7)] + [None] + [f"m{i}" for i in range(7, 12)] + ["no-text"]
+    assert [r.get("id") for r in out] == [f"m{i}" for i in range(7)] + ["in.jsonl:8"] + [f"m{i}" for i in range(7, 12)] + ["no-text"]
     assert [r["error"]["kind"] for r in out if "error" in r] == ["invalid_json", "missing_field"]
 
 
@@ -87,9 +88,13 @@ def test_the_model_line_at_start_and_a_summary_line_but_no_progress_bar_when_std
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     lines = err.decode().splitlines()
-    assert len(lines) == 2 and "\r" not in err.decode()
+    assert len(lines) == 4 and "\r" not in err.decode()
     assert lines[0].endswith("model fake-model (sha256 None) on cpu in float32, kernels torch")
-    assert lines[1].startswith("spinf-stream score: scored 12 of 13 lines (1 errors) in ") and lines[1].endswith(str(dst))
+    records = [orjson.loads(x) for x in dst.read_bytes().splitlines()]
+    answers = Counter(r["scores"]["spam"]["answer"] for r in records if "scores" in r)
+    assert lines[1] == "spinf-stream score: spam: " + " / ".join(f"{n} {a}" for a, n in answers.most_common())
+    assert lines[2] == "spinf-stream score: errors: 1 (1 empty_value)"
+    assert lines[3].startswith("spinf-stream score: scored 12 of 13 lines (1 errors) in ") and lines[3].endswith(str(dst))
 
 
 def test_the_progress_bar_counts_messages_and_questions(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections import Counter
 
 import orjson
 import pytest
@@ -74,3 +75,31 @@ def test_dev_publishes_scores_and_prints_the_examples_then_exits(tiny_model):
     assert {r["id"] for r in records} == {f"ex-{i:02d}" for i in range(1, n + 1)}
     assert all("scores" in r and r["digest"].startswith("sha256:") for r in records)
     assert b"embedded Kafka broker (Tansu) on 127.0.0.1:" in proc.stderr
+
+
+def test_dev_print_table_shows_the_messages_in_input_order_and_writes_the_records(tiny_model, tmp_path):
+    """``make demo``'s view: one row per published message in input order, the answers shown equal
+    the records written to --records, then the summary and where the records are."""
+    examples = REPO / "examples" / "messages.jsonl"
+    rows = [orjson.loads(li) for li in examples.read_bytes().splitlines() if li.strip()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env.update(PYTHONPATH=str(REPO), COLUMNS="200")
+    out = tmp_path / "demo" / "records.jsonl"
+    proc = subprocess.run(
+        [*CLI, "dev", "--port", str(free_port()), "--model", str(tiny_model), "--pack", "spam",
+         "--token-budget", "4096", "--input", str(examples), "--until-done", "--print", "table", "--records", str(out)],
+        cwd=REPO, env=env, capture_output=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    records = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert set(records) == {r["id"] for r in rows}
+    shown = proc.stdout.decode()
+    table_rows = [line for line in shown.splitlines() if " ex-" in line]
+    assert [line.split()[1] for line in table_rows] == [r["id"] for r in rows]  # input order, not partition order
+    for line, row in zip(table_rows, rows):
+        s = records[row["id"]]["scores"]["spam"]
+        p = s["choices"][s["answer"]].get("calibrated", s["choices"][s["answer"]]["probability"])
+        assert f"{s['answer']} {p:.2f}" in line and " ".join(row["text"].split())[:20] in line
+    answers = Counter(r["scores"]["spam"]["answer"] for r in records.values())
+    assert "\nspam: " + " / ".join(f"{n} {a}" for a, n in answers.most_common()) + "\nerrors: 0\n" in shown
+    assert f"records (JSON Lines, one per message): {out}" in proc.stderr.decode()

@@ -122,7 +122,7 @@ def test_dev_writes_status_lines(tmp_path: Path, caplog, restore_logging):
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(json_line({"id": f"m{i}", "text": f"t{i}"}) + b"\n" for i in range(6)))
     settings = DevSettings.model_validate({
-        "port": 0, "input": str(src), "until_done": True, "print_records": False, "metrics_port": 0,
+        "port": 0, "input": str(src), "until_done": True, "print": "none", "metrics_port": 0,
         "status_interval_s": 0.2, "lag_interval_s": 0.1, "max_batch_messages": 1,
     })
     with caplog.at_level(logging.INFO, logger="spinf_stream"):

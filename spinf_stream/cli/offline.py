@@ -42,8 +42,10 @@ from spinf_stream.config import (
     settings_config,
     token_budget_field,
 )
+from spinf_stream.errors import UsageError
 from spinf_stream.messages import Decoded, InputFormat, Rejection, decode
 from spinf_stream.engine.results import ErrorInfo, ErrorRecord
+from spinf_stream.table import ResultsView
 
 if TYPE_CHECKING:
     from spinf_stream.engine.scoring import Engine
@@ -61,15 +63,17 @@ def parse_line(
     """One input line (without its line ending) → its fields and id, or the :class:`ErrorRecord`
     that takes its place.
 
-    A line without an id is named ``<source>:<line_no>`` (``stdin:<line_no>`` for ``-``), as the
-    service names a record without one ``<topic>:<partition>:<offset>``. Error kinds: those of
+    A line without an id (a line that cannot be read included) is named ``<source>:<line_no>``
+    (``stdin:<line_no>`` for ``-``), as the service names a record without one
+    ``<topic>:<partition>:<offset>``. Error kinds: those of
     :func:`spinf_stream.messages.decode`; the pack's fields are checked by the engine.
     """
     got = decode(raw, input_format=input_format, text_field=text_field)
+    name = f"{'stdin' if source == '-' else source}:{line_no}"
     if isinstance(got, Rejection):
-        return ErrorRecord(id=got.id, error=ErrorInfo(kind=got.kind, message=f"line {line_no}: {got.message}"))
+        return ErrorRecord(id=got.id or name, error=ErrorInfo(kind=got.kind, message=f"line {line_no}: {got.message}"))
     if got.id is None:
-        return Decoded(got.fields, f"{'stdin' if source == '-' else source}:{line_no}")
+        return Decoded(got.fields, name)
     return got
 
 
@@ -88,8 +92,10 @@ def _open_in(path: str) -> Iterator[BinaryIO]:
 
 
 @contextmanager
-def _open_out(path: str) -> Iterator[IO[bytes]]:
-    if path == "-":
+def _open_out(path: str | None) -> Iterator[IO[bytes] | None]:
+    if path is None:
+        yield None
+    elif path == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
     else:
@@ -110,12 +116,12 @@ class ScoreSummary:
     seconds: float = 0.0
     interrupted: bool = False
 
-    def line(self, output: str) -> str:
+    def line(self, output: str | None) -> str:
         """The summary line printed at the end."""
         rate = ""
         if self.seconds > 0 and self.scored:
             rate = f", {self.scored / self.seconds:.1f} messages/s, {self.questions / self.seconds:.1f} questions/s"
-        where = "stdout" if output == "-" else output
+        where = "no file (--output FILE writes the records)" if output is None else "stdout" if output == "-" else output
         n_err = sum(self.errors.values())
         head = f"interrupted after {self.written} of {self.lines} lines read: " if self.interrupted else ""
         return (
@@ -134,19 +140,22 @@ class ScoreSummary:
 def score_file(
     engine: Engine | Any,
     input_path: str,
-    output_path: str,
+    output_path: str | None,
     *,
     progress: bool = False,
     input_format: InputFormat = "json",
     text_field: str = "text",
     stop: Callable[[], bool] = lambda: False,
+    view: ResultsView | None = None,
 ) -> ScoreSummary:
-    """Score ``input_path`` into ``output_path`` (``-`` = stdin/stdout), one line per line.
+    """Score ``input_path`` into ``output_path`` (``-`` = stdin/stdout; ``None``: no records
+    written, for a ``view`` alone), one line per line.
 
     Records are written and flushed after each forward pass (``engine.run_iter``), in input
     order. ``stop()`` is asked after each pass: once true, no further pass starts and the records
     written so far are all that is written. ``progress``: a bar on stderr (per message, with
-    messages/s, questions/s and the ETA).
+    messages/s, questions/s and the ETA). ``view``: each record is also added to it, with the
+    text of the message's ``text_field``.
 
     Raises:
         OSError: the input cannot be read or the output written.
@@ -164,19 +173,25 @@ def score_file(
     try:
         with _open_in(input_path) as fin, _open_out(output_path) as fout:
 
-            def write(rec: Any) -> None:
+            def write(rec: Any, fields: dict[str, Any] | None) -> None:
                 if isinstance(rec, ErrorRecord):
                     summary.errors[rec.error.kind] += 1
                     summary.first_error.setdefault(rec.error.kind, rec.error.message)
-                    fout.write(orjson.dumps(rec.model_dump(exclude_none=True)) + b"\n")
+                    plain = rec.model_dump(exclude_none=True)
                 else:
                     summary.scored += 1
                     summary.questions += len(rec.scores)
-                    fout.write(orjson.dumps(rec.model_dump(mode="json")) + b"\n")
+                    plain = rec.model_dump(mode="json")
+                if fout is not None:
+                    fout.write(orjson.dumps(plain) + b"\n")
+                if view is not None:
+                    value = (fields or {}).get(text_field)
+                    view.add(plain, value if isinstance(value, str) else None)
                 summary.written += 1
 
             def after_pass() -> bool:
-                fout.flush()
+                if fout is not None:
+                    fout.flush()
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"{summary.questions / elapsed:.1f} q/s", refresh=False)
                 bar.update(summary.written - bar.n)
@@ -205,21 +220,24 @@ def score_file(
 
 
 def _score_chunk(
-    engine: Any, parsed: list[Decoded | ErrorRecord], write: Callable[[Any], None], after_pass: Callable[[], bool]
+    engine: Any, parsed: list[Decoded | ErrorRecord], write: Callable[[Any, dict[str, Any] | None], None],
+    after_pass: Callable[[], bool],
 ) -> bool:
     """Score one chunk of parsed lines: each line's record is written in input order as soon as it
-    exists (error records at once, score records as their pass finishes). ``after_pass()`` runs
-    after each pass; when it returns true no further pass starts. Returns whether it stopped."""
+    exists (error records at once, score records as their pass finishes), with the line's fields
+    (``None`` for a line that could not be read). ``after_pass()`` runs after each pass; when it
+    returns true no further pass starts. Returns whether it stopped."""
     from spinf_stream.engine.scoring import Message
 
     todo = [Message(id=p.id, fields=p.fields) for p in parsed if isinstance(p, Decoded)]
     prepared = iter(engine.prepare(todo))
     pending = deque(next(prepared) if isinstance(p, Decoded) else p for p in parsed)
+    fields = deque(p.fields if isinstance(p, Decoded) else None for p in parsed)
     ready = [p for p in pending if not isinstance(p, ErrorRecord)]
 
     def write_errors() -> None:  # the error records up to the next line that waits for a score
         while pending and isinstance(pending[0], ErrorRecord):
-            write(pending.popleft())
+            write(pending.popleft(), fields.popleft())
 
     write_errors()
     passes = engine.run_iter(ready)
@@ -227,7 +245,7 @@ def _score_chunk(
         for records in passes:
             for rec in records:
                 pending.popleft()
-                write(rec)
+                write(rec, fields.popleft())
                 write_errors()
             if after_pass():
                 return True
@@ -287,9 +305,16 @@ class ScoreCommand(BaseSettings):
 
     pack: str = pack_field()
     input: str = Field(description="Input JSON Lines file; '-' = stdin.", json_schema_extra=plain("FILE"))
-    output: str = Field(
-        description="Output JSON Lines file (replaced); '-' = stdout. Its directory is created if missing.",
+    output: str | None = Field(
+        None,
+        description="Output JSON Lines file (replaced); '-' = stdout. Its directory is created if missing. "
+        "Default: stdout, or no file when stdout shows the table.",
         json_schema_extra=plain("FILE"),
+    )
+    format: Literal["auto", "jsonl", "table"] = Field(
+        "auto",
+        description="What stdout shows: jsonl (the records), table (one row per message: id, text, answers; the "
+        "records go to --output only), auto (table when stdout is a terminal, else jsonl).",
     )
     model: str = model_field()
     token_budget: int = token_budget_field()
@@ -319,8 +344,14 @@ class ScoreCommand(BaseSettings):
         # last of the cheap ones (checking it imports torch).
         pack = preflight.check_pack(self.pack, self.input_format)
         text_field = pack.fields[0]
+        table = self.format == "table" or (self.format == "auto" and self.output != "-" and sys.stdout.isatty())
+        if table and self.output == "-":
+            raise UsageError("--output - (SPINF_OUTPUT) with --format table: stdout shows the table; "
+                             "give --output FILE for the records, or --format jsonl")
+        output = self.output if self.output is not None or table else "-"
         preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
-        preflight.check_output_file(self.output, "--output", "SPINF_OUTPUT", input_path=self.input)
+        if output is not None:
+            preflight.check_output_file(output, "--output", "SPINF_OUTPUT", input_path=self.input)
         preflight.check_calibration(self.calibration, pack)
         preflight.check_model_reference(self.model)
         placement = choose(self.device, self.dtype)
@@ -334,12 +365,20 @@ class ScoreCommand(BaseSettings):
         )
         info = engine.model_info
         log.info("model %s (sha256 %s) on %s in %s, kernels %s", info.name, info.sha256, placement.device, info.dtype, info.kernels)
+        view = ResultsView([q.id for q in pack.expand()], keep_rows=table)
         with _StopAfterPass() as stop:
             summary = score_file(
-                engine, self.input, self.output, progress=self.progress and sys.stderr.isatty(),
-                input_format=self.input_format, text_field=text_field, stop=stop,
+                engine, self.input, output, progress=self.progress and sys.stderr.isatty(),
+                input_format=self.input_format, text_field=text_field, stop=stop, view=view,
             )
-        print(f"spinf-stream score: {summary.line(self.output)}", file=sys.stderr, flush=True)
+        if table:
+            from rich.console import Console
+
+            view.print(Console(), summary.seconds)
+        else:
+            for line in view.summary():
+                print(f"spinf-stream score: {line}", file=sys.stderr)
+        print(f"spinf-stream score: {summary.line(output)}", file=sys.stderr, flush=True)
         if summary.interrupted:
             raise SystemExit(EXIT_INTERRUPTED)
         if summary.lines and not summary.scored:

@@ -1,8 +1,8 @@
 """``spinf-stream dev``: the embedded broker, its topics, and the scorer, in one process.
 
 Starts Tansu on a loopback port, creates the input, output and dead-letter topics, loads the
-engine, runs the scorer; optionally publishes a JSON-lines file and prints every score and
-dead-letter record to stdout. With ``--until-done`` it stops once each published message has a
+engine, runs the scorer; optionally publishes a JSON-lines file and shows the score and
+dead-letter records of its messages on stdout (``--print jsonl|table|none``, ``--records FILE``). With ``--until-done`` it stops once each published message has a
 record (the ``make demo`` path); otherwise it runs until SIGINT/SIGTERM.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -53,6 +54,77 @@ def _read_input(path: Any) -> list[bytes]:
         return lines_of(f)
 
 
+class _Shown:
+    """What ``dev`` shows of the records it reads: the records of the messages it published (with
+    ``--input``; records read before their offsets are known wait), as JSON lines on stdout, into
+    ``--records``, or as a table printed when dev stops."""
+
+    def __init__(self, settings: DevSettings) -> None:
+        from spinf_stream.packs import load_pack
+
+        pack = load_pack(settings.pack)
+        self.mode = settings.print
+        self.text_field = pack.fields[0]
+        self.questions = [q.id for q in pack.expand()]
+        self.expected: set[tuple[str, int, int]] | None = None
+        self.waiting = settings.input is not None
+        self.held: list[tuple[Any, tuple[str, int, int] | None]] = []
+        self.where: dict[tuple[str, int, int], tuple[int, str | None]] = {}  # source -> (input line, text)
+        self.rows: list[tuple[int, dict[str, Any], str | None]] = []
+        if settings.records is not None:
+            settings.records.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(settings.records, "wb") if settings.records is not None else None  # noqa: SIM115
+
+    def published(self, topic: str, lines: list[bytes], metas: list[Any]) -> None:
+        for i, (line, m) in enumerate(zip(lines, metas)):
+            try:
+                text = orjson.loads(line).get(self.text_field)
+            except (orjson.JSONDecodeError, AttributeError):
+                text = None
+            self.where[(topic, m.partition, m.offset)] = (i, text if isinstance(text, str) else None)
+        self.expected = set(self.where)
+        self.waiting = False
+        held, self.held = self.held, []
+        for rec, src in held:
+            self.add(rec, src)
+
+    def add(self, rec: Any, src: tuple[str, int, int] | None) -> None:
+        if self.waiting:
+            self.held.append((rec, src))
+            return
+        if self.expected is not None and src not in self.expected:
+            return  # another member's record (a group shared with other scorers)
+        line = format_record(rec)
+        if self.file is not None:
+            self.file.write(line + b"\n")
+            self.file.flush()
+        if self.mode == "jsonl":
+            sys.stdout.buffer.write(line + b"\n")
+            sys.stdout.flush()
+        elif self.mode == "table":
+            try:
+                plain = orjson.loads(rec.value)
+            except (orjson.JSONDecodeError, TypeError):
+                return
+            at, text = self.where.get(src, (len(self.where) + len(self.rows), None)) if src else (len(self.rows), None)
+            self.rows.append((at, plain, text))
+
+    def close(self, seconds: float) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.mode == "table":
+            from rich.console import Console
+
+            from spinf_stream.table import ResultsView
+
+            view = ResultsView(self.questions)
+            for _, plain, text in sorted(self.rows, key=lambda r: r[0]):
+                view.add(plain, text)
+            view.print(Console(), seconds)
+        if self.file is not None:
+            print(f"records (JSON Lines, one per message): {self.file.name}", file=sys.stderr, flush=True)
+
+
 async def run_dev_async(
     settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None,
     engine_thread: EngineThread | None = None,
@@ -67,17 +139,20 @@ async def run_dev_async(
     expected: set[tuple[str, int, int]] | None = None
     seen: set[tuple[str, int, int]] = set()
     done = asyncio.Event()
+    shown = _Shown(settings)
+    started = time.perf_counter()
 
     async def printer() -> None:
         async for rec in read_topics(kafka, [run_settings.output_topic, run_settings.dlq_topic]):
-            if settings.print_records:
-                sys.stdout.buffer.write(format_record(rec) + b"\n")
-                sys.stdout.flush()
             try:
                 src = orjson.loads(rec.value)["source"]
-                seen.add((src["topic"], src["partition"], src["offset"]))
+                key: tuple[str, int, int] | None = (src["topic"], src["partition"], src["offset"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
+                key = None
+            shown.add(rec, key)
+            if key is None:
                 continue
+            seen.add(key)
             if expected is not None and expected <= seen:
                 done.set()
 
@@ -89,6 +164,7 @@ async def run_dev_async(
             topic = run_settings.input_topic[0]
             metas = await produce_lines(kafka, topic, lines, key_field=settings.key_field)
             expected = {(topic, m.partition, m.offset) for m in metas}
+            shown.published(topic, lines, metas)
             log.info("published %d messages to %s", len(metas), topic)
             if expected <= seen:
                 done.set()
@@ -104,6 +180,7 @@ async def run_dev_async(
         if not scorer_task.done():
             service.stop()
             await asyncio.gather(scorer_task, return_exceptions=True)
+        shown.close(time.perf_counter() - started)
 
 
 def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
@@ -113,13 +190,15 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
         UsageError, BrokerError (and the pack's and model's errors): a mistake found before the
             weights load (``--until-done`` without ``--input``, an unreadable input, a busy port).
     """
-    from spinf_stream.cli.preflight import check_input_file
+    from spinf_stream.cli.preflight import check_input_file, check_output_file
 
     configure_logging(settings.log_level, settings.log_format)
     if settings.until_done and settings.input is None:
         raise UsageError("--until-done (SPINF_UNTIL_DONE) needs --input (SPINF_INPUT): the file whose messages to wait for")
     if settings.input is not None:
         check_input_file(settings.input, "--input", "SPINF_INPUT")
+    if settings.records is not None:
+        check_output_file(settings.records, "--records", "SPINF_RECORDS", input_path=settings.input)
     if scorer is None:
         check_scoring(settings)
     broker = EmbeddedBroker(settings.port).start()
