@@ -70,6 +70,7 @@ class Flow:
     after_rebalance: Scrape  # a second member joined and left
     batches: int
     useful_tokens: int  # the engine's own token count of the good messages
+    answers: Counter[str]  # the spam answers of the good messages' records, scored offline
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,7 @@ def flow(tansu, tiny_model) -> Flow:
         with served(settings) as (telemetry, port):
             engine = load_engine_timed(settings, telemetry)  # the run command's load path
             useful = sum(p.n_tokens for p in engine.prepare(_messages(good)))
+            answers = Counter(r.scores["spam"].answer for r in engine.score(_messages(good)))
             svc = ScoringService(settings, engine, telemetry=telemetry)
             async with RunningService(svc):
                 before = await asyncio.to_thread(scrape, port)
@@ -99,7 +101,7 @@ def flow(tansu, tiny_model) -> Flow:
                 async with RunningService(other, assign_timeout_s=60):
                     await wait_for(lambda: svc.stats.rebalances >= 1, timeout_s=60)
                 after = await asyncio.to_thread(scrape, port)
-            return Flow(t, settings, metas, good, len(BAD), before, drained, after, svc.stats.batches, useful)
+            return Flow(t, settings, metas, good, len(BAD), before, drained, after, svc.stats.batches, useful, answers)
 
     return asyncio.run(go())
 
@@ -148,6 +150,13 @@ def test_dead_letters_are_counted_by_error_type(flow):
 def test_questions_answered_are_every_question_of_every_scored_message(flow):
     n_questions = len(load_pack("spam").expand())
     assert flow.drained.value("spinf_questions_answered_total") == N_GOOD * n_questions
+
+
+def test_answers_are_counted_by_pack_question_and_answer(flow):
+    got = flow.drained.by("spinf_answers_total", "spinf_answer")
+    assert got == {a: float(n) for a, n in flow.answers.items()} and sum(got.values()) == N_GOOD
+    assert flow.drained.value("spinf_answers_total", spinf_pack_name="spam", spinf_question="spam") == N_GOOD
+    assert SECRET not in flow.drained.text  # labels are the pack's ids and choices only
 
 
 def test_batch_histograms_count_every_batch_and_message(flow):

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
 
-from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, ScoreRecord
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, QuestionScore, ScoreRecord
 from spinf_stream.messages import Message
 from spinf_stream.stream.records import Truncation
 from spinf_stream.telemetry import EngineWork
@@ -267,6 +268,18 @@ def run_measured(
 def questions_answered(records: Sequence[ScoreRecord | ErrorRecord]) -> int:
     """Questions answered by ``records`` (each score record's ``scores`` has one entry per question)."""
     return sum(len(r.scores) for r in records if isinstance(r, ScoreRecord))
+
+
+def answer_counts(records: Sequence[ScoreRecord | ErrorRecord]) -> Counter[tuple[str, str, str]]:
+    """``{(pack, question id, answer): n}`` over the score records: a choice question's answer
+    (one of its labels), an extraction's ``value`` or ``none`` (never the value itself)."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for r in records:
+        if isinstance(r, ScoreRecord):
+            for qid, s in r.scores.items():
+                answer = s.answer if isinstance(s, QuestionScore) else ("none" if s.answer is None else "value")
+                counts[(r.pack.name, qid, answer)] += 1
+    return counts
 
 
 def scorer_info(scorer: Scorer) -> dict[str, str]:

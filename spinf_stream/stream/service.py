@@ -70,6 +70,7 @@ from spinf_stream.stream.scorer import (
     MessageFactory,
     Scorer,
     engine_message_factory,
+    answer_counts,
     questions_answered,
     run_measured,
     scorer_info,
@@ -405,6 +406,7 @@ class ScoringService:
                 done.trace, seconds, questions_answered(records), work, done.tokens,
                 written=sum(not slot.part.revoked for slot, _ in done.live),
             )
+            self.telemetry.answered(answer_counts(records))
             ready = self._batcher.take()
             running = self._start_batch(ready) if ready is not None else None
             self._writer.batch_done([slot for slot, _ in done.live], records, done.trace)

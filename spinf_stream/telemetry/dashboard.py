@@ -120,6 +120,11 @@ PANELS: tuple[Panel, ...] = (
     Panel("Questions answered", "short", (
         _q("spinf.questions.answered", "rate", "questions/s"),
     ), "The engine's output: questions answered per second."),
+    Panel("Answers per question", "short", (
+        _q("spinf.answers", "rate", "{{spinf_pack_name}} {{spinf_question}} = {{spinf_answer}}",
+           by=(m.PACK, m.QUESTION, m.ANSWER)),
+    ), "Answers per second by question and answer (a choice, or value/none for an extraction). A rate that moves "
+       "while the pack, the model and the input rate stay the same is drift in what the messages say.", 24),
     Panel("Consumer lag (messages)", "short", (
         _q("spinf.consumer.lag", "gauge", "{{messaging_destination_name}}[{{messaging_destination_partition_id}}]",
            by=PART, agg="max"),

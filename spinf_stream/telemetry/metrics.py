@@ -19,7 +19,7 @@ and Prometheus' base unit) with bucket boundaries from 1 ms up, sizes in ``{toke
 ``spinf_records_scored_total`` (OpenTelemetry's Prometheus compatibility rules).
 
 Attribute values never carry message content, keys or ids: only topics, partitions, consumer
-group, error kinds and the scorer's own configuration.
+group, error kinds, the scorer's own configuration and the pack's question ids and choice labels.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ DEVICE = "spinf.device"
 DTYPE = "spinf.dtype"
 KERNELS = "spinf.kernels"
 TOKEN_BUDGET = "spinf.token_budget"
+QUESTION = "spinf.question"  # a question id of the pack
+ANSWER = "spinf.answer"  # a choice label of the pack, or "value"/"none" for an extraction
 
 Kind = Literal["counter", "histogram", "gauge"]
 
@@ -114,6 +116,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "spinf.questions.answered", "counter", "{question}",
         "How many questions has the engine answered? (rate: questions per second, the engine's real output)",
+    ),
+    MetricSpec(
+        "spinf.answers", "counter", "{answer}",
+        "What does the pack answer, per question and answer (a choice label; value or none for an extraction)? "
+        "A rate that moves with no change of pack or model is drift in the input. Labels are the pack's own ids "
+        "and choices, never message content.",
+        (PACK, QUESTION, ANSWER),
     ),
     # -- batches and the engine --
     MetricSpec(

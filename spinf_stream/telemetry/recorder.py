@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,6 +283,12 @@ class StreamTelemetry:
         batch.produce_span = self._tracer.start_span("spinf.produce", context=ctx, kind=SpanKind.PRODUCER, start_time=end)
         if written == 0:
             self._end_batch(batch)
+
+    def answered(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """Answers of a finished batch: ``{(pack, question id, answer): n}`` (``spinf.answers``)."""
+        counter = self._i["spinf.answers"]
+        for (pack, question, answer), n in counts.items():
+            counter.add(n, {m.PACK: pack, m.QUESTION: question, m.ANSWER: answer})
 
     def outgoing_headers(
         self, headers: list[tuple[str, bytes]], input_headers: Any, out_topic: str, batch: BatchTrace | None
