@@ -104,14 +104,38 @@ def test_yes_no_choice_labels_stay_strings(tmp_path: Path) -> None:
 
 
 def test_version_written_as_a_number_stays_the_text_written(tmp_path: Path) -> None:
-    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 1.0"))).version == "1.0"
-    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 2"))).version == "2"
+    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 1.10.0"))).version == "1.10.0"
+    assert load_pack(write(tmp_path, edited("version: 1.0.0", "version: 2.0.0-rc.1"))).version == "2.0.0-rc.1"
+
+
+@pytest.mark.parametrize("version", ["1.0", "2", "one", "1.0.0.0", "01.0.0", "v1.0.0"])
+def test_a_version_that_is_not_semantic_is_refused_naming_the_key(tmp_path: Path, version: str) -> None:
+    with pytest.raises(PackError, match=r"version \(line 2\): .* is not a semantic version: write MAJOR.MINOR.PATCH"):
+        load_pack(write(tmp_path, edited("version: 1.0.0", f"version: {version}")))
+
+
+def test_a_question_with_one_choice_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PackError, match=r"choices.*one choice \('friendly'\) always gets probability 1"):
+        load_pack(write(tmp_path, edited("choices: [friendly, neutral, hostile]", "choices: [friendly]")))
+
+
+def test_grid_ids_are_reduced_to_lower_case_letters_digits_and_underscores(tmp_path: Path) -> None:
+    text = edited("vars: {action: [call a number, reply, click a link]}", "vars: {action: [Call a number!, reply, click-a link]}")
+    assert [q.id for q in load_pack(write(tmp_path, text)).expand()][1:4] == ["asks_call_a_number", "asks_reply", "asks_click_a_link"]
+    clash = edited("vars: {action: [call a number, reply, click a link]}", "vars: {action: [call a number, call-a-number]}")
+    with pytest.raises(PackError, match=r"expanded id 'asks_call_a_number' is already used by this same question \(grid ids are reduced"):
+        load_pack(write(tmp_path, clash))
+
+
+def test_an_unknown_pack_name_lists_the_shipped_packs() -> None:
+    with pytest.raises(PackError, match=r"no such pack; .*the packs there: .*claims, .*spam, spam_details"):
+        load_pack("spma")
 
 
 def test_ids_and_var_values_that_look_like_numbers_stay_strings(tmp_path: Path) -> None:
     text = edited("vars: {action: [call a number, reply, click a link]}", "vars: {action: [1, 2.50, no]}")
     pack = load_pack(write(tmp_path, text))
-    assert [q.id for q in pack.expand()][1:4] == ["asks_1", "asks_2.50", "asks_no"]
+    assert [q.id for q in pack.expand()][1:4] == ["asks_1", "asks_2_50", "asks_no"]
 
 
 # ----------------------------------------------------------------------------------- expansion
@@ -125,7 +149,7 @@ def test_placeholder_grid_expands_in_file_order_then_product_order(tmp_path: Pat
     ids = [q.id for q in load_pack(write(tmp_path, text)).expand()]
     assert ids == [
         "spam",
-        "asks_call a number", "asks_reply", "asks_click a link",
+        "asks_call_a_number", "asks_reply", "asks_click_a_link",
         "a_x", "a_y", "a_z", "b_x", "b_y", "b_z",
         "tone",
     ]

@@ -67,8 +67,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "a_file").write_text("x")
     (d / "news.yaml").write_text(NEWS_PACK)
     (d / "typo.yaml").write_text(NEWS_PACK.replace("choices:", "choises:"))
+    (d / "field.yaml").write_text(NEWS_PACK.replace('prompt: "{title}\\n{text}\\n"', 'prompt: "{txt}\\n"'))
+    (d / "one.yaml").write_text(NEWS_PACK.replace("choices: [yes, no]", "choices: [friendly]"))
     return {"in": str(d / "in.jsonl"), "dir": str(d), "file": str(d / "a_file"), "out": str(d / "out" / "o.jsonl"),
-            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml")}
+            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml"), "field": str(d / "field.yaml"), "one": str(d / "one.yaml")}
 
 
 def score(files: dict[str, str], *extra: str) -> list[str]:
@@ -112,6 +114,10 @@ CASES = [
     ("unknown model", lambda f: score(f, "--model", "no-such-model"), {}, ["no-such-model", "qwen2.5-coder-0.5b"], False),
     ("missing calibration file", lambda f: score(f, "--calibration", f["dir"] + "/nope.json"), {}, ["--calibration", "nope.json", "SPINF_CALIBRATION", "no such file"], True),
     ("calibration file that is not one", lambda f: score(f, "--calibration", f["in"]), {}, ["invalid calibration", "in.jsonl"], True),
+    ("a prompt field the input lacks", lambda f: score(f, "--pack", f["field"]), {}, ["prompt uses {txt}", "first line of", "(its fields: id, text)"], True),
+    ("one choice", lambda f: score(f, "--pack", f["one"]), {}, ["one.yaml", "choices", "always gets probability 1"], True),
+    ("unknown pack name", lambda f: score(f, "--pack", "spma"), {}, ["no such pack", "the packs there:", "spam"], True),
+    ("unknown calibration name", lambda f: score(f, "--calibration", "recall90"), {}, ["--calibration recall90", "shipped: auto, recall95"], True),
     ("calibration of another pack", lambda f: score(f, "--pack", "sentiment", "--calibration", str(REPO / "packs" / "spam" / "calibrations" / "qwen2.5-coder-0.5b.json")), {}, ["is for pack spam", "not sentiment", "--calibration none"], True),
     ("evaluate without labelled input", lambda f: ["evaluate", "--pack", "spam", "--input", f["dir"] + "/none.jsonl", "--report", f["dir"] + "/r.json"], {}, ["--input", "none.jsonl", "no such file"], True),
     ("calibrate with a bad target", lambda f: ["calibrate", "--pack", "spam", "--input", f["in"], "--output", f["dir"] + "/c.json", "--target", "recall"], {}, ["--target", "precision=P or recall=R"], False),
@@ -212,17 +218,18 @@ def _help(command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.
     monkeypatch.setenv("COLUMNS", "10000")  # no wrapping: argparse breaks lines at hyphens
 
     with pytest.raises(SystemExit):
-        CliApp.run(SpinfStream, cli_args=[command, "--help"],
+        CliApp.run(SpinfStream, cli_args=[*command.split(), "--help"],
                    cli_settings_source=CliSettingsSource(SpinfStream, add_argument_method=argument_adder(SpinfStream)))
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", sorted(subcommands(SpinfStream)))
+@pytest.mark.parametrize("command", sorted(subcommands(SpinfStream)) + ["packs list", "packs show"])
 def test_help_shows_each_options_variable_default_and_allowed_values_in_plain_words(command, capsys, monkeypatch):
     text = _help(command, capsys, monkeypatch)
+    prefix = command.replace(" ", ".") + "."
     for dest, opt in options(SpinfStream).items():
-        if not dest.startswith(command + "."):
-            continue
+        if not dest.startswith(prefix) or "." in dest[len(prefix):]:
+            continue  # another command's, or a subcommand's (its own help lists it)
         assert opt.flag in text, opt.flag
         if opt.env:
             assert f"env: {opt.env}" in text, opt.flag
@@ -235,7 +242,8 @@ def test_help_shows_each_options_variable_default_and_allowed_values_in_plain_wo
 
 def test_every_command_reads_spinf_variables():
     for command, model in subcommands(SpinfStream).items():
-        assert all(o.env and o.env.startswith("SPINF_") for d, o in options(SpinfStream).items() if d.startswith(command + ".")), command
+        assert all(o.env and o.env.startswith("SPINF_") for d, o in options(SpinfStream).items()
+                   if d.startswith(command + ".") and not o.positional), command  # PACK of `packs show` is the command line's
 
 
 def test_version_prints_the_versions_and_the_gpus():

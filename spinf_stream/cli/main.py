@@ -33,6 +33,7 @@ from pydantic_settings.exceptions import SettingsError
 from spinf_stream.errors import UsageError
 from spinf_stream.cli.labelled_commands import CalibrateCommand, EvaluateCommand
 from spinf_stream.cli.offline import ScoreCommand
+from spinf_stream.cli.pack_commands import PacksCommand
 from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
 from spinf_stream.cli.usage import argument_adder, explain, one_line, subcommands
 
@@ -70,6 +71,7 @@ class SpinfStream(BaseSettings):
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")
     consume: CliSubCommand[ConsumeCommand] = Field(description="print a topic's records as JSON lines")
+    packs: CliSubCommand[PacksCommand] = Field(description="list the packs, or show one's questions, prompt and tokens")
 
     @classmethod
     def settings_customise_sources(

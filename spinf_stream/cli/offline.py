@@ -350,6 +350,7 @@ class ScoreCommand(BaseSettings):
                              "give --output FILE for the records, or --format jsonl")
         output = self.output if self.output is not None or table else "-"
         preflight.check_input_file(self.input, "--input", "SPINF_INPUT")
+        preflight.check_fields(pack, self.input, self.input_format)
         if output is not None:
             preflight.check_output_file(output, "--output", "SPINF_OUTPUT", input_path=self.input)
         preflight.check_calibration(self.calibration, pack)

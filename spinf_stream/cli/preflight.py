@@ -14,7 +14,7 @@ from spinf_stream.errors import UsageError
 from spinf_stream.messages import InputFormat, text_field
 from spinf_stream.packs import Pack, load_pack
 
-__all__ = ["check_calibration", "check_input_file", "check_model_reference", "check_output_file", "check_pack"]
+__all__ = ["check_calibration", "check_fields", "check_input_file", "check_model_reference", "check_output_file", "check_pack"]
 
 
 def check_pack(ref: str, input_format: InputFormat = "json") -> Pack:
@@ -28,6 +28,31 @@ def check_pack(ref: str, input_format: InputFormat = "json") -> Pack:
     if input_format == "text":
         text_field(pack.fields, f"pack {pack.name}")
     return pack
+
+
+def check_fields(pack: Pack, path: str | Path, input_format: InputFormat = "json") -> None:
+    """The first line of a JSON Lines input carries every field the pack's prompt uses (a typo
+    such as ``{txt}`` is found before the model loads). A first line that cannot be read, stdin
+    and text input are not checked (those lines get their error records as usual).
+
+    Raises:
+        UsageError: the first line is a JSON object that lacks one of the prompt's fields.
+    """
+    if str(path) == "-" or input_format != "json":
+        return
+    from spinf_stream.messages import Decoded, decode
+
+    with open(path, "rb") as f:
+        first = next((line.rstrip(b"\r\n") for line in f if line.strip()), None)
+    got = decode(first) if first is not None else None
+    if not isinstance(got, Decoded):
+        return
+    missing = [name for name in pack.fields if name not in got.fields]
+    if missing:
+        uses = ", ".join("{" + n + "}" for n in missing)
+        has = ", ".join(sorted(got.fields)) or "none"
+        raise UsageError(f"pack {pack.name}'s prompt uses {uses}, which the first line of {path} does not have "
+                         f"(its fields: {has}): fix the pack's prompt or the input")
 
 
 def check_model_reference(ref: str) -> None:

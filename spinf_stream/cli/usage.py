@@ -75,10 +75,12 @@ class Option:
 
     def __init__(self, model: type[BaseModel], name: str, info: FieldInfo) -> None:
         self.model, self.name, self.info = model, name, info
-        self.flag = "--" + name.replace("_", "-")
+        #: a positional argument (``CliPositionalArg``) is written as its name, not a flag
+        self.positional = any(getattr(x, "__name__", type(x).__name__) == "_CliPositionalArg" for x in info.metadata)
+        self.flag = name.upper() if self.positional else "--" + name.replace("_", "-")
         # Our commands read SPINF_* variables; a model without a prefix (the root) reads none.
         prefix = model.model_config.get("env_prefix", "") if issubclass(model, BaseSettings) else ""
-        self.env: str | None = f"{prefix}{name}".upper() if prefix else None
+        self.env: str | None = f"{prefix}{name}".upper() if prefix and not self.positional else None
         self.type, _ = _bare(info.annotation)
 
     @property
@@ -146,12 +148,13 @@ class Option:
         return text.replace("%", "%%")  # argparse formats help with %
 
 
-def options(root: type[BaseModel]) -> dict[str, Option]:
-    """Every option of the root and its subcommands, by argparse ``dest`` (``run.window_ms``)."""
-    out = {name: Option(root, name, info) for name, info in root.model_fields.items() if name not in subcommands(root)}
-    for cmd, model in subcommands(root).items():
-        for name, info in model.model_fields.items():
-            out[f"{cmd}.{name}"] = Option(model, name, info)
+def options(root: type[BaseModel], prefix: str = "") -> dict[str, Option]:
+    """Every option of the root and its subcommands (theirs too), by argparse ``dest``
+    (``run.window_ms``, ``packs.show.model``)."""
+    subs = subcommands(root)
+    out = {prefix + name: Option(root, name, info) for name, info in root.model_fields.items() if name not in subs}
+    for cmd, model in subs.items():
+        out.update(options(model, f"{prefix}{cmd}."))
     return out
 
 

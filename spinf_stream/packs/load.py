@@ -205,7 +205,9 @@ def _resolve(ref: str | Path) -> Path:
             if candidate.is_file():
                 return candidate
             tried.append(str(candidate))
-    raise PackError(ref, [("", None, "no such pack; looked for " + ", ".join(tried))])
+    shipped = sorted({f.stem for d in packs_dirs() if d.is_dir() for f in d.glob("*.y*ml")})
+    raise PackError(ref, [("", None, "no such pack; looked for " + ", ".join(tried)
+                           + (f"; the packs there: {', '.join(shipped)}" if shipped else ""))])
 
 
 def load_pack(ref: str | Path) -> Pack:

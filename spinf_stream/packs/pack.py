@@ -76,6 +76,8 @@ from spinf_stream.currencies import CODES, WORDS
 NAME_PATTERN = r"^[a-z0-9_-]+$"
 # A grid of placeholders multiplies: refuse packs whose expansion is absurdly large.
 MAX_QUESTIONS = 10_000
+#: a semantic version (semver.org 2.0.0): MAJOR.MINOR.PATCH, optional -pre-release and +build
+SEMVER = r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 #: how a choice's tokens make its score (``choice_scoring``): their summed logprob, that sum
 #: divided by their number (SGLang's token-length normalisation), or the first token's alone
 ChoiceScoring = Literal["sum", "mean", "first_token"]
@@ -137,9 +139,18 @@ def _render(segments: tuple[tuple[str, str | None], ...], values: Mapping[str, s
     return "".join(out)
 
 
+def grid_id(rendered: str) -> str:
+    """A grid question's id with its vars' values in it, reduced to ``[a-z0-9_]``: lower case,
+    each run of other characters one ``_``, none at the ends (``asks_Call a number!`` ->
+    ``asks_call_a_number``)."""
+    return re.sub(r"[^a-z0-9_]+", "_", rendered.lower()).strip("_")
+
+
 def _check_choices(labels: Sequence[str]) -> None:
     if len(labels) == 0:
-        raise ValueError("empty list: give at least one choice label")
+        raise ValueError("empty list: give at least two choice labels")
+    if len(labels) == 1:
+        raise ValueError(f"one choice ({labels[0]!r}) always gets probability 1: give at least two choice labels")
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):
         if label.strip() == "":
@@ -370,8 +381,8 @@ class QuestionSpec(BaseModel):
         out = []
         for combo in itertools.product(*(self.vars[n] for n in names)):
             values = dict(zip(names, combo))
-            out.append(ExpandedQuestion(_render(id_t, values), _render(text_t, values), choices, extraction, self.question,
-                                        scoring))
+            qid = grid_id(_render(id_t, values)) if names else _render(id_t, values)
+            out.append(ExpandedQuestion(qid, _render(text_t, values), choices, extraction, self.question, scoring))
         return out
 
 
@@ -381,7 +392,7 @@ class Pack(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    version: Annotated[str, Field(min_length=1)]
+    version: str
     description: str
     preamble: str = ""
     prompt: str
@@ -396,6 +407,13 @@ class Pack(BaseModel):
     _prompt_t: tuple[tuple[str, str | None], ...] = PrivateAttr(default=())
     _question_t: tuple[tuple[str, str | None], ...] = PrivateAttr(default=())
     _expanded: tuple[ExpandedQuestion, ...] = PrivateAttr(default=())
+
+    @field_validator("version")
+    @classmethod
+    def _version_ok(cls, v: str) -> str:
+        if not re.match(SEMVER, v):
+            raise ValueError(f"{v!r} is not a semantic version: write MAJOR.MINOR.PATCH, e.g. 1.0.0 (semver.org)")
+        return v
 
     @field_validator("prompt")
     @classmethod
@@ -429,10 +447,14 @@ class Pack(BaseModel):
                 raise _AtKey(("questions", i), "no choices: give this question choices, extract or generate, "
                                                 "or the pack top-level choices")
             for q in spec.expand(self.choices or (), self.choice_scoring):
+                if q.id == "":
+                    raise _AtKey(("questions", i, "id"), "a grid id reduced to [a-z0-9_] is empty: put letters or digits in it")
                 if q.id in first_seen:
                     j = first_seen[q.id]
                     where = "this same question" if j == i else f"questions[{j}]"
-                    raise _AtKey(("questions", i, "id"), f"expanded id {q.id!r} is already used by {where}; ids must be unique")
+                    reduced = " (grid ids are reduced to [a-z0-9_])" if spec.vars else ""
+                    raise _AtKey(("questions", i, "id"), f"expanded id {q.id!r} is already used by {where}{reduced}; "
+                                                         "ids must be unique")
                 first_seen[q.id] = i
                 expanded.append(q)
         self._prompt_t = _parse_template(self.prompt)

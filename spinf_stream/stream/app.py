@@ -148,6 +148,8 @@ def load_engine(settings: ScoringSettings) -> Any:
         special_tokens_in_fields=settings.special_tokens_in_fields, calibration=settings.calibration,
         allow_unstable_bits=settings.allow_unstable_bits, threads=threads,
     )
+    log.info("pack %s %s reads the field(s) %s of each message's JSON object (a record without one is "
+             "dead-lettered as missing_field)", engine.pack.name, engine.pack.version, ", ".join(engine.pack.fields))
     info = engine.model_info
     calibration = getattr(engine, "calibration", None)  # not part of the Scorer protocol
     log.info(
