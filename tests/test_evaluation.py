@@ -123,7 +123,7 @@ def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, label
     r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),
              "--calibration", "none", "--no-progress")
     doc = orjson.loads(rep.read_bytes())
-    assert set(doc) == {"pack", "model", "calibration", "questions"}
+    assert set(doc) == {"pack", "model", "calibration", "questions", "warnings"} and doc["warnings"] == []
     assert doc["pack"] == {"name": "sms", "version": "1.0.0", "sha256": hashlib.sha256(open(pack_file, "rb").read()).hexdigest()}
     assert doc["model"] == str(model_dir) and doc["calibration"] is None
     assert list(doc["questions"]) == ["spam", "asks_to_call"]
@@ -275,6 +275,32 @@ def test_evaluate_with_a_calibration_measures_the_calibrated_scores(pack_file, c
     assert got["log_loss"] == pytest.approx(log_loss(y, p))
     assert got["accuracy"] == pytest.approx(accuracy_score(y, answers))
     assert got["ece"] == pytest.approx(expected_calibration_error(y, p))
+
+
+def test_evaluate_warns_when_the_calibration_was_fitted_on_these_rows(pack_file, calibrated, model_dir, labelled, tmp_path):
+    """Matched by row: the calibration keeps a key of each row it was fitted on, not the text."""
+    path, _, _ = calibrated
+    keys = cal.load(path).fitted_on.row_keys
+    rows = [orjson.loads(x) for x in labelled.read_bytes().splitlines() if x.strip()]
+    assert keys is not None and len(keys) == len({r["text"] for r in rows if r.get("labels")})
+    some = tmp_path / "some.jsonl"  # 5 fitted rows and 5 new ones
+    fresh = [{**r, "id": r["id"] + "-new", "text": r["text"] + " (again)"} for r in rows[:5]]
+    some.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows[:5] + fresh))
+    rep = tmp_path / "report.json"
+    r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(some), "--report", str(rep),
+             "--calibration", str(path), "--no-progress")
+    warning = f"5 of the 10 rows were used to fit calibration {cal.load(path).id}: its calibrated numbers on them are in-sample"
+    assert warning in r.stderr.decode() and warning in orjson.loads(rep.read_bytes())["warnings"][0]
+    strict = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(some), "--report", str(rep),
+                  "--calibration", str(path), "--no-progress", "--strict", check=False)
+    assert strict.returncode == 2 and b"--strict: 5 of the 10 rows" in strict.stderr
+    new = tmp_path / "new.jsonl"
+    new.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in fresh))
+    clean = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(new), "--report", str(rep),
+                 "--calibration", str(path), "--no-progress", "--limit", "3")
+    assert b"in-sample" not in clean.stderr and orjson.loads(rep.read_bytes())["warnings"] == []
+    assert b"using 3 of the labelled rows" in clean.stderr
+    assert orjson.loads(rep.read_bytes())["questions"][QID]["n"] == sum("spam" in r["labels"] for r in fresh[:3])
 
 
 def test_a_rerun_with_the_cache_scores_nothing_and_reports_the_same(pack_file, calibrated, model_dir, labelled, tmp_path):

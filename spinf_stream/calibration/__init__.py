@@ -32,6 +32,7 @@ from spinf_stream.calibration.maps import (
     none_features,
     pack_identity,
     resolve,
+    row_key,
     shipped_path,
     shipped_variants,
     variant_of,
@@ -60,7 +61,7 @@ _FIT = (
 __all__ = [
     "FORMAT", "MAX_PARAMETER", "METHODS", "NONE_CHOICES", "Calibration", "CalibrationError", "FittedOn", "Method", "ModelIdentity",
     "PackIdentity", "QuestionCalibration", "check", "load", "model_identity", "none_features", "pack_identity", "resolve",
-    "shipped_path", "shipped_variants", "VARIANT_NAME", "variant_of", "decision_rule",
+    "shipped_path", "shipped_variants", "VARIANT_NAME", "row_key", "variant_of", "decision_rule",
     "CONTENT_FREE", "TARGET_PATTERN", "CrossValidated", "build", "choose_threshold", "contextual_question",
     "cross_validate", "fit_map", "fit_question", "parse_target", "question_map",
 ]

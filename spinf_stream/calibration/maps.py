@@ -29,9 +29,9 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import orjson
@@ -172,6 +172,17 @@ class FittedOn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     input_sha256: str | None = None
     rows: dict[str, int] = Field(default_factory=dict, description="Labelled rows per question.")
+    row_keys: tuple[str, ...] | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="row_key of each row fitted on, sorted: evaluate warns when it measures any of them (in-sample).",
+    )
+
+
+def row_key(pack: Pack, fields: Mapping[str, Any]) -> str:
+    """16 hex of the sha256 of the pack's fields of a message (sorted-key JSON): which labelled
+    rows a calibration was fitted on, without keeping their text."""
+    body = {name: fields.get(name) for name in pack.fields}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 class Calibration(BaseModel):

@@ -58,6 +58,9 @@ class _Common(BaseSettings):
     dtype: DType = dtype_field()
     allow_unstable_bits: bool = allow_unstable_bits_field()
     progress: bool = Field(default=True, description="Progress bar on stderr.")
+    limit: int | None = Field(default=None, ge=1, description="Use only the first N labelled rows.")
+    sample: int | None = Field(default=None, ge=1, description="Use N labelled rows drawn at random (with --seed), in file order.")
+    seed: int = Field(default=0, description="Seed of --sample.")
 
     def _preflight(self) -> tuple[Pack, ModelHandle]:
         """Pack, input and model reference checked in milliseconds, then the model resolved."""
@@ -72,12 +75,33 @@ class _Common(BaseSettings):
         placement = choose(self.device, self.dtype)
         return pack, ModelHandle(self.model, placement.dtype, placement.device, allow_unstable_bits=self.allow_unstable_bits)
 
-    def _score(self, pack: Pack, handle: ModelHandle, calibration: cal.Calibration | None = None) -> Scored:
-        from spinf_stream.cli.evaluation import LogprobCache, read_rows, report_failed, score_labelled
+    def _rows(self, pack: Pack) -> list[Any]:
+        """The labelled rows, less those --limit or --sample leave out (file order kept)."""
+        import random
 
-        data = read_rows(pack, self.input)
+        from spinf_stream.cli.evaluation import read_rows
+
+        rows = read_rows(pack, self.input).rows
+        if self.limit is not None and self.sample is not None:
+            from spinf_stream.errors import UsageError
+
+            raise UsageError("--limit and --sample select rows two ways: give one of them")
+        if self.limit is not None:
+            rows = rows[: self.limit]
+        if self.sample is not None and self.sample < len(rows):
+            keep = set(random.Random(self.seed).sample(range(len(rows)), self.sample))
+            rows = [r for i, r in enumerate(rows) if i in keep]
+        if self.limit is not None or self.sample is not None:
+            print(f"{self.input}: using {len(rows)} of the labelled rows", file=sys.stderr)
+        return rows
+
+    def _score(self, pack: Pack, handle: ModelHandle, calibration: cal.Calibration | None = None,
+               rows: list[Any] | None = None) -> Scored:
+        from spinf_stream.cli.evaluation import LogprobCache, report_failed, score_labelled
+
+        rows = self._rows(pack) if rows is None else rows
         cache = LogprobCache(self.cache, handle.cache_key())
-        scored = score_labelled(handle, pack, data.rows, cache, token_budget=self.token_budget, progress=self.progress,
+        scored = score_labelled(handle, pack, rows, cache, token_budget=self.token_budget, progress=self.progress,
                                 calibration=calibration)
         report_failed(scored.failed)
         if not scored.questions and not scored.extractions:
@@ -92,6 +116,24 @@ class EvaluateCommand(_Common):
 
     report: str = Field(description="Write the report (JSON) here.", json_schema_extra=plain("FILE"))  # type: ignore[assignment]
     calibration: str = calibration_field()
+    strict: bool = Field(default=False, description="Refuse to measure a calibration on rows it was fitted on "
+                         "(an error, not a warning).")
+
+    def _in_sample(self, pack: Pack, chosen: cal.Calibration, rows: list[Any]) -> str | None:
+        """Why these rows' calibrated numbers are in-sample, or None: the calibration was fitted on
+        some of them (its row keys) or on this very file (its sha256, for files without row keys)."""
+        keys = chosen.fitted_on.row_keys
+        if keys is not None:
+            fitted = set(keys)
+            n = sum(cal.row_key(pack, r.message.fields) in fitted for r in rows)
+            if n:
+                return f"{n} of the {len(rows)} rows were used to fit calibration {chosen.id}"
+            return None
+        with open(self.input, "rb") as f:
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+        if chosen.fitted_on.input_sha256 == sha:
+            return f"calibration {chosen.id} was fitted on this file (sha256 {sha[:12]}…)"
+        return None
 
     def cli_cmd(self) -> None:
         from spinf_stream.cli.evaluation import question_report, report, summary, write_json
@@ -101,7 +143,16 @@ class EvaluateCommand(_Common):
         chosen = cal.resolve(self.calibration, pack, handle.resolved)
         if chosen is not None:
             chosen.bind(pack.expand())
-        scored = self._score(pack, handle, chosen)  # its none maps decide the extractions' none answers
+        rows = self._rows(pack)
+        warnings = []
+        why = self._in_sample(pack, chosen, rows) if chosen is not None else None
+        if why is not None:
+            text = f"{why}: its calibrated numbers on them are in-sample (optimistic); measure it on other rows"
+            if self.strict:
+                raise cal.CalibrationError(f"--strict: {text}")
+            print(f"warning: {text}", file=sys.stderr)
+            warnings.append(text)
+        scored = self._score(pack, handle, chosen, rows)  # its none maps decide the extractions' none answers
         entries: dict[str, Any] = {}
         for qid, d in scored.questions.items():
             qmap = chosen.questions.get(qid) if chosen else None
@@ -116,6 +167,7 @@ class EvaluateCommand(_Common):
                 question_plots(self.plots, qid, d.question.choices, d.y, softmax(d.logprobs),
                                calibrated[0] if calibrated else None, chosen.id if chosen else "")
         doc = report(pack, handle.name, chosen.id if chosen else None, entries, scored.extractions)
+        doc["warnings"] = warnings
         write_json(self.report, doc)
         print(summary(doc), file=sys.stderr)
 
@@ -160,7 +212,8 @@ class CalibrateCommand(_Common):
         from spinf_stream.softmax import softmax
 
         pack, handle = self._preflight()
-        scored = self._score(pack, handle)
+        rows = self._rows(pack)
+        scored = self._score(pack, handle, rows=rows)
         questions = scored.questions
         # an extraction question's none decision is fitted like a yes/no question (decided by accuracy)
         nones = {qid: d for qid, e in scored.extractions.items() if (d := none_data(e)) is not None} \
@@ -208,7 +261,8 @@ class CalibrateCommand(_Common):
                 maps[q.id] = cal.question_map(scale, bias, q.choices, None)
         with open(self.input, "rb") as f:
             input_sha = hashlib.file_digest(f, "sha256").hexdigest()
-        fitted_on = cal.FittedOn(input_sha256=input_sha, rows={qid: int(len(d.y)) for qid, d in (questions | nones).items()})
+        fitted_on = cal.FittedOn(input_sha256=input_sha, rows={qid: int(len(d.y)) for qid, d in (questions | nones).items()},
+                                 row_keys=tuple(sorted({cal.row_key(pack, r.message.fields) for r in rows})))
         result = cal.build(pack, handle.identity, self.method, self.target, maps,
                            self.content_free if self.method == "contextual" else None, fitted_on)
         out = Path(self.output)
