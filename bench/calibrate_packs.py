@@ -10,7 +10,7 @@ its report then adds ``calibrated_cv``: the extraction numbers when each fold's 
 with a calibration fitted on the other folds (the decision changes what is written, so this
 scores those rows again).
 
-    python bench/labelled_data.py
+    spinf-stream labels --pack P   # for each pack P with a data.yaml
     python bench/calibrate_packs.py [--pack P ...] [--model M ...] [--cache .cache/logprobs] [--plots DIR]
 
 With ``--cache`` (the default) every row is scored once per model and pack version; the other
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pack", action="append", help="pack name (repeatable; default: every pack with a data.yaml)")
     ap.add_argument("--model", action="append", help="model (repeatable; default: the three shipped models)")
-    ap.add_argument("--labelled", type=Path, default=REPO / ".cache" / "labelled", help="bench/labelled_data.py's output folder")
+    ap.add_argument("--labelled", type=Path, default=REPO / ".cache" / "labelled", help="spinf-stream labels output folder")
     ap.add_argument("--cache", default=str(REPO / ".cache" / "logprobs"), help="logprob cache folder")
     ap.add_argument("--plots", type=Path, help="write the default model's plots into DIR/<pack>/")
     args = ap.parse_args(argv)

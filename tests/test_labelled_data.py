@@ -1,24 +1,23 @@
-"""``bench/labelled_data.py``: a data set's labels become the right choices of a pack's questions
-through the mapping in the pack's folder."""
+"""``spinf-stream labels`` (``spinf_stream.label_sets``): a data set's labels become the right
+choices of a pack's questions through the mapping in the pack's folder."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 
 import orjson
 import pytest
 from conftest import REPO
 
+from spinf_stream.label_sets import LabelSetError
 from spinf_stream.labelled import read_labelled
 from spinf_stream.packs import load_pack
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("labelled_data", REPO / "bench" / "labelled_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from spinf_stream import label_sets
+
+    return label_sets
 
 
 @pytest.fixture
@@ -67,7 +66,7 @@ def test_rows_and_per_label_limit_what_is_taken(setup):
 def test_a_mapping_to_a_choice_the_question_lacks_is_refused(setup):
     packs, data = setup
     _mapping(packs, 'sets:\n  - data: toy\n    labels:\n      toxic: {none: "nope"}\n')
-    with pytest.raises(SystemExit, match="'nope' is not a choice of 'toxic'"):
+    with pytest.raises(LabelSetError, match="'nope' is not a choice of 'toxic'"):
         _script().labelled_rows(packs / "moderation.yaml", data)
 
 
@@ -108,5 +107,32 @@ def test_values_label_a_text_extraction_with_the_meta_field_s_first_words_where_
     got = script.labelled_rows(packs / "shop.yaml", tmp_path / "data")
     assert got == [{"id": "a", "text": "beko fridge 50cm", "labels": {"brand": ["Beko"]}}]
     (packs / "shop" / "data.yaml").write_text("sets:\n  - data: toy\n    values:\n      colour: {meta: cluster_label}\n")
-    with pytest.raises(SystemExit, match="values.colour: no text extraction question 'colour'"):
+    with pytest.raises(LabelSetError, match="values.colour: no text extraction question 'colour'"):
         script.load_mapping(packs / "shop.yaml")
+
+
+def test_the_labels_command_writes_the_rows_and_says_what_is_wrong_in_one_line(setup, tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    packs, data = setup
+    (packs / "moderation" / "data.yaml").write_text(
+        "sets:\n  - data: toy\n    labels:\n      toxic: {toxic: 'yes', none: 'no'}\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}, "SPINF_PACKS_DIR": str(packs)}
+    out = tmp_path / "rows.jsonl"
+
+    def labels(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "spinf_stream.cli", "labels", "--pack", "moderation", *args],
+                              cwd=REPO, env={**env, **extra}, capture_output=True, text=True, timeout=60)
+
+    r = labels("--data", str(data), "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    want = _script().labelled_rows(packs / "moderation.yaml", data)
+    assert [orjson.loads(x) for x in out.read_bytes().splitlines()] == want and len(want) == 2  # rows with a mapped label
+    assert labels("--output", str(out), SPINF_DATA_DIR=str(data)).returncode == 0  # the variable, as the tests read it
+    missing = labels("--data", str(tmp_path / "nowhere"), "--output", str(out))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "data set 'toy': cannot read" in missing.stderr and "--data DIR or set SPINF_DATA_DIR" in missing.stderr
+    unknown = labels("--pack", "spma")
+    assert unknown.returncode == 2 and "no such pack" in unknown.stderr

@@ -293,3 +293,33 @@ class CalibrateCommand(_Common):
         if used and used != [self.folds]:
             how += f" (--folds {self.folds}, fewer where a choice has fewer rows)"
         print(f"wrote {out} ({result.id}); calibrated columns are {how}", file=sys.stderr)
+
+
+class LabelsCommand(BaseSettings):
+    """Write a pack's labelled rows (the input of evaluate and calibrate) from the data sets its
+    mapping (packs/<pack>/data.yaml) names."""
+
+    model_config = settings_config()
+
+    pack: str = pack_field()
+    data: str | None = Field(
+        default=None, description="Folder of the data sets (default: $SPINF_DATA_DIR, else ../shared/data beside the repository).",
+        json_schema_extra=plain("DIR"),
+    )
+    output: str | None = Field(default=None, description="Write the rows here (default: .cache/labelled/<pack>.jsonl).",
+                               json_schema_extra=plain("FILE"))
+    rows: int | None = Field(default=None, ge=1, description="Rows per data set (default: each set's own).")
+
+    def cli_cmd(self) -> None:
+        import orjson
+
+        from . import preflight
+        from spinf_stream.label_sets import data_dir, labelled_rows
+
+        pack = preflight.check_pack(self.pack)
+        assert pack.source is not None
+        out = Path(self.output) if self.output else Path(".cache") / "labelled" / f"{pack.name}.jsonl"
+        preflight.check_output_file(out, "--output", "SPINF_OUTPUT")
+        rows = labelled_rows(Path(pack.source), data_dir(self.data), self.rows)
+        out.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        print(f"{out}: {len(rows)} labelled rows of pack {pack.name}", file=sys.stderr)

@@ -31,7 +31,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from spinf_stream.errors import UsageError
-from spinf_stream.cli.labelled_commands import CalibrateCommand, EvaluateCommand
+from spinf_stream.cli.labelled_commands import CalibrateCommand, EvaluateCommand, LabelsCommand
 from spinf_stream.cli.offline import ScoreCommand
 from spinf_stream.cli.pack_commands import PacksCommand
 from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
@@ -50,6 +50,7 @@ USAGE_ERRORS = (
     ("spinf_stream.stream.broker", "BrokerError"),
     ("spinf_stream.calibration", "CalibrationError"),
     ("spinf_stream.labelled", "LabelledInputError"),
+    ("spinf_stream.label_sets", "LabelSetError"),
     ("spinf_stream.models.numerics", "UnstableBits"),
 )
 
@@ -67,6 +68,7 @@ class SpinfStream(BaseSettings):
     score: CliSubCommand[ScoreCommand] = Field(description="score a JSON Lines file offline")
     evaluate: CliSubCommand[EvaluateCommand] = Field(description="measure a pack on labelled rows (AUC, accuracy, ECE, ...)")
     calibrate: CliSubCommand[CalibrateCommand] = Field(description="fit a pack's calibration on labelled rows")
+    labels: CliSubCommand[LabelsCommand] = Field(description="write a pack's labelled rows from its data sets")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")

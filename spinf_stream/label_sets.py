@@ -1,7 +1,7 @@
-"""Write the labelled input of ``spinf-stream evaluate`` / ``calibrate`` for shipped packs from the
-data sets in ``../shared/data``.
+"""Labelled sets: the labelled input of ``evaluate`` / ``calibrate`` for a pack, built from data
+sets (``$SPINF_DATA_DIR``, else ``../shared/data`` beside the repository) by the pack's mapping.
 
-    python bench/labelled_data.py [--pack spam ...] [--out .cache/labelled] [--rows N]
+    spinf-stream labels --pack spam [--data DIR] [--output FILE] [--rows N]
 
 How a data set's labels answer a pack's questions lives beside the pack, in
 ``packs/<pack>/data.yaml``, not here::
@@ -36,18 +36,29 @@ row of every set of the pack, in the file's order.
 
 from __future__ import annotations
 
-import argparse
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from spinf_stream.packs import load_pack
 
-from spinf_stream.packs import load_pack, packs_dirs  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LabelSetError(ValueError):
+    """A pack's mapping or its data cannot make labelled rows: names the file and what is wrong."""
+
+
+def data_dir(given: str | Path | None = None) -> Path:
+    """The data sets' folder: ``given``, else ``$SPINF_DATA_DIR``, else ``../shared/data`` beside the repository."""
+    if given is not None:
+        return Path(given)
+    if os.environ.get("SPINF_DATA_DIR"):
+        return Path(os.environ["SPINF_DATA_DIR"])
+    return REPO.parent / "shared" / "data"
 
 
 def mapping_path(pack_file: Path) -> Path:
@@ -59,10 +70,12 @@ def load_mapping(pack_file: Path) -> list[dict[str, Any]]:
     pack = load_pack(pack_file)
     questions = {q.id: q for q in pack.expand()}
     path = mapping_path(pack_file)
+    if not path.is_file():
+        raise LabelSetError(f"pack {pack.name} has no labelled sets: {path} does not exist")
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     sets = doc.get("sets") if isinstance(doc, dict) else None
     if not isinstance(sets, list) or not sets:
-        raise SystemExit(f"{path}: expected a non-empty list under 'sets'")
+        raise LabelSetError(f"{path}: expected a non-empty list under 'sets'")
     for i, s in enumerate(sets):
         where = f"{path}: sets[{i}]"
         if isinstance(s, dict) and isinstance(s.get("file"), str):
@@ -71,21 +84,21 @@ def load_mapping(pack_file: Path) -> list[dict[str, Any]]:
             read_labelled(path.parent / s["file"], list(questions.values()))  # raises naming a bad row
             continue
         if not isinstance(s.get("data"), str) or not isinstance(s.get("labels", {}), dict):
-            raise SystemExit(f"{where}: needs 'data' (a data set folder) and 'labels' (question: {{label: choice}})")
+            raise LabelSetError(f"{where}: needs 'data' (a data set folder) and 'labels' (question: {{label: choice}})")
         for qid, how in (s.get("values") or {}).items():
             q = questions.get(qid)
             if q is None or q.extract is None or q.extract.kind != "text":
-                raise SystemExit(f"{where}.values.{qid}: no text extraction question {qid!r} in {pack_file}")
+                raise LabelSetError(f"{where}.values.{qid}: no text extraction question {qid!r} in {pack_file}")
             if not isinstance(how, dict) or set(how) != {"meta"} or not isinstance(how["meta"], str):
-                raise SystemExit(f"{where}.values.{qid}: expected {{meta: <field of the rows' meta>}}")
+                raise LabelSetError(f"{where}.values.{qid}: expected {{meta: <field of the rows' meta>}}")
         if not s.get("labels") and not s.get("values"):
-            raise SystemExit(f"{where}: needs 'labels' or 'values'")
+            raise LabelSetError(f"{where}: needs 'labels' or 'values'")
         for qid, m in s.get("labels", {}).items():
             if qid not in questions:
-                raise SystemExit(f"{where}.labels.{qid}: no question {qid!r} in {pack_file}")
+                raise LabelSetError(f"{where}.labels.{qid}: no question {qid!r} in {pack_file}")
             for label, choice in m.items():
                 if not isinstance(choice, str) or choice not in questions[qid].choices:
-                    raise SystemExit(
+                    raise LabelSetError(
                         f"{where}.labels.{qid}.{label}: {choice!r} is not a choice of {qid!r} "
                         f"({', '.join(questions[qid].choices)}); quote yes/no in YAML"
                     )
@@ -114,8 +127,12 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
             out.extend(orjson.loads(line) for line in lines[:rows_override] if line.strip())
             continue
         n = rows_override or s.get("rows")
-        with open(data_dir / s["data"] / "dev.jsonl", "rb") as f:
-            lines = f.read().splitlines()
+        source = data_dir / s["data"] / "dev.jsonl"
+        try:
+            lines = source.read_bytes().splitlines()
+        except OSError as e:
+            raise LabelSetError(f"{mapping_path(pack_file)}: data set {s['data']!r}: cannot read {source} "
+                                f"({e.strerror or e}); give --data DIR or set SPINF_DATA_DIR") from None
         taken: dict[str, int] = {}
         for line in lines[:n] if n and not s.get("per_label") else lines:
             row = orjson.loads(line)
@@ -136,25 +153,3 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
             if labels:
                 out.append({"id": row["id"], **{f: row[f] for f in pack.fields}, "labels": labels})
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pack", action="append", help="pack name (repeatable; default: every pack with a data.yaml)")
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder of the data sets")
-    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "labelled", help="output folder")
-    ap.add_argument("--rows", type=int, help="rows per data set (default: each set's 'rows')")
-    args = ap.parse_args(argv)
-    pack_dir = packs_dirs()[-1]
-    names = args.pack or sorted(p.parent.name for p in pack_dir.glob("*/data.yaml"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        rows = labelled_rows(pack_dir / f"{name}.yaml", args.data, args.rows)
-        path = args.out / f"{name}.jsonl"
-        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        print(f"{path}: {len(rows)} rows", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
