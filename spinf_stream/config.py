@@ -368,6 +368,10 @@ class ProduceSettings(KafkaSettings):
         "-", description="JSON-lines file to publish ('-' = stdin); blank lines are skipped.", json_schema_extra=plain("FILE")
     )
     key_field: str | None = Field(None, description="JSON field whose value becomes the record key (e.g. id).")
+    validate_json: bool | None = Field(
+        None, description="Check that every line is a JSON object before publishing any (default: on for a .jsonl "
+        "file, off for stdin and other files, which may hold raw text on purpose).",
+    )
     log_level: LogLevel = Field("WARNING", description=LOG_LEVEL_HELP)
 
 

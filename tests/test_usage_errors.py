@@ -67,10 +67,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "a_file").write_text("x")
     (d / "news.yaml").write_text(NEWS_PACK)
     (d / "typo.yaml").write_text(NEWS_PACK.replace("choices:", "choises:"))
+    (d / "bad.jsonl").write_bytes(b'{"id": "1", "text": "ok"}\n\n{"id": "2", "text": "cut\n')
     (d / "field.yaml").write_text(NEWS_PACK.replace('prompt: "{title}\\n{text}\\n"', 'prompt: "{txt}\\n"'))
     (d / "one.yaml").write_text(NEWS_PACK.replace("choices: [yes, no]", "choices: [friendly]"))
     return {"in": str(d / "in.jsonl"), "dir": str(d), "file": str(d / "a_file"), "out": str(d / "out" / "o.jsonl"),
-            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml"), "field": str(d / "field.yaml"), "one": str(d / "one.yaml")}
+            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml"), "bad_jsonl": str(d / "bad.jsonl"), "field": str(d / "field.yaml"), "one": str(d / "one.yaml")}
 
 
 def score(files: dict[str, str], *extra: str) -> list[str]:
@@ -92,7 +93,7 @@ CASES = [
     ("misspelt flag", lambda f: ["run", "--windw-ms", "3"], {}, ["unknown option --windw-ms", "did you mean --window-ms"], False),
     ("value after an on/off flag", lambda f: ["score", "--strict", "yes"], {}, ["unexpected argument 'yes'", "--no-strict"], False),
     ("flag without its value", lambda f: ["run", "--token-budget"], {}, ["--token-budget needs a value"], False),
-    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, evaluate, calibrate, run, dev, produce, consume"], False),
+    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, evaluate, calibrate, labels, run, dev, produce, consume, packs"], False),
     ("no command", lambda f: [], {}, ["choose a command"], False),
     ("bad dtype from env", lambda f: ["run"], {"SPINF_DTYPE": "fp16"}, ["SPINF_DTYPE=fp16", "auto, float32, bfloat16, fp8"], False),
     ("bad boolean from env", lambda f: ["run"], {"SPINF_ENABLE_IDEMPOTENCE": "maybe"}, ["SPINF_ENABLE_IDEMPOTENCE=maybe", "true or false"], False),
@@ -126,6 +127,7 @@ CASES = [
     ("broker not listening", lambda f: ["run", "--bootstrap-servers", f"127.0.0.1:{free_port()}"], {}, ["cannot reach the Kafka broker", "connection refused", "SPINF_BOOTSTRAP_SERVERS"], True),
     ("broker host does not resolve", lambda f: ["run", "--bootstrap-servers", "no-such-host.invalid:9092"], {}, ["no-such-host.invalid:9092", "does not resolve"], True),
     ("produce to an unreachable broker", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["in"]], {}, ["cannot reach the Kafka broker"], True),
+    ("produce a .jsonl line that is not JSON", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["bad_jsonl"]], {}, ["non-blank line 2 is not JSON", "nothing was published", "--no-validate-json"], True),
     ("produce a missing file", lambda f: ["produce", "--topic", "t", "--input", f["dir"] + "/nope.jsonl"], {}, ["--input", "no such file"], True),
     ("consume from an unreachable broker", lambda f: ["consume", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t"], {}, ["cannot reach the Kafka broker"], True),
 ]

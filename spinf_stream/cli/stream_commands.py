@@ -50,14 +50,34 @@ class ProduceCommand(ProduceSettings):
 
         configure_logging(self.log_level)
         check_input_file(self.input, "--input", "SPINF_INPUT")
-        run_check(check_topic(self, self.topic))
         if self.input == "-":
             lines = lines_of(sys.stdin.buffer)
         else:
             with open(self.input, "rb") as f:
                 lines = lines_of(f)
+        validate = self.validate_json if self.validate_json is not None else str(self.input).endswith(".jsonl")
+        if validate:
+            _check_json_objects(lines, self.input)
+        run_check(check_topic(self, self.topic))
         metas = asyncio.run(produce_lines(self.client_kwargs(), self.topic, lines, key_field=self.key_field))
         print(f"published {len(metas)} records to {self.topic}", file=sys.stderr)
+
+
+def _check_json_objects(lines: list[bytes], source: str) -> None:
+    """Every line is a JSON object, or a :class:`UsageError` naming the first that is not (nothing is published)."""
+    import orjson
+
+    from spinf_stream.errors import UsageError
+
+    for n, line in enumerate(lines, 1):
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise UsageError(f"--input {source}: non-blank line {n} is not JSON ({e}); nothing was published "
+                             "(--no-validate-json publishes lines as they are)") from None
+        if not isinstance(value, dict):
+            raise UsageError(f"--input {source}: non-blank line {n} is JSON but not an object; nothing was published "
+                             "(--no-validate-json publishes lines as they are)")
 
 
 class ConsumeCommand(ConsumeSettings):
