@@ -10,13 +10,18 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from spinf_stream.quality import ECE_BINS, expected_calibration_error
+
+if not sys.stderr.isatty():  # "building the font cache" once per machine: chatter in a pipe or a log
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 
 def _safe(name: str) -> str:

@@ -277,7 +277,7 @@ def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow],
     total = sum(len(g) for g in groups.values())
     if total:
         log.info("scoring %d of %d rows with %s (%d cached)", total, len(rows), handle.name, len(rows) - total)
-    with tqdm(total=total, unit="row", disable=not progress or total == 0, file=sys.stderr) as bar:
+    with tqdm(total=total, unit="row", disable=not progress or total == 0 or not sys.stderr.isatty(), file=sys.stderr) as bar:
         for qids, group in groups.items():
             assert engine is not None
             for start in range(0, len(group), CHUNK_ROWS):
