@@ -23,7 +23,7 @@ TRICKY = [
 
 GRID_PACK = """
 name: grid
-version: "1.0"
+version: "1.0.0"
 description: placeholders and multi-token choices
 preamble: "Answer questions about messages.\\n\\nExample: hi\\nAnswer: no\\n\\n"
 prompt: "Message: {text}\\n"
@@ -40,7 +40,7 @@ questions:
 
 NO_SHARED_PREFIX_PACK = """
 name: bare
-version: "1.0"
+version: "1.0.0"
 description: question template with nothing shared between questions
 prompt: "{text}"
 question: "{question}"

@@ -69,7 +69,7 @@ def test_engine_matches_transformers_on_real_messages(real, model, pack_name):
 
 ISSUE_6_PACK = """
 name: issue6
-version: "1.0"
+version: "1.0.0"
 description: the fault report's pack
 preamble: "Classify the SMS below. Reference number 12"
 prompt: "{text}\\n"

@@ -73,7 +73,8 @@ def test_ctrl_c_stops_after_the_current_pass_keeping_every_finished_record(tmp_p
 
 def test_exit_1_when_no_line_could_be_scored_naming_the_commonest_error(tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_bytes(b'{"id": "a", "body": "x"}\n{"id": "b", "body": "y"}\nnot json\n')
+    # (a first line without the prompt's field would be a usage mistake: exit 2 before the model loads)
+    src.write_bytes(b'not json\n{"id": "a", "body": "x"}\n{"id": "b", "body": "y"}\n')
     proc = _fake_cli(["score", "--pack", "spam", "--model", "smollm2-135m", "--input", str(src), "--output", str(dst)], "slow:0")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1

@@ -67,7 +67,7 @@ def tok(request):
 def _yaml_pack(prompt, question, answer_prefix, choices, texts, mode="plain", preamble=""):
     q = "\n".join(f"  - {{id: q{i}, text: {json.dumps(t, ensure_ascii=False)}}}" for i, t in enumerate(texts))
     return parse_pack(
-        f"name: t\nversion: '1'\ndescription: x\npreamble: {json.dumps(preamble, ensure_ascii=False)}\n"
+        f"name: t\nversion: '1.0.0'\ndescription: x\npreamble: {json.dumps(preamble, ensure_ascii=False)}\n"
         f"prompt: {json.dumps(prompt, ensure_ascii=False)}\nquestion: {json.dumps(question, ensure_ascii=False)}\n"
         f"answer_prefix: {json.dumps(answer_prefix, ensure_ascii=False)}\nchoices: {json.dumps(choices, ensure_ascii=False)}\n"
         f"special_tokens_in_fields: {mode}\nquestions:\n{q}\n"

@@ -106,7 +106,7 @@ TURNS = [("<|im_start|>", "<|im_end|>"), ("<start_of_turn>", "<end_of_turn>")]
 
 def _chat_pack(start: str, end: str, mode: str):
     return parse_pack(
-        "name: chat\nversion: '1'\ndescription: a pack written in the model's chat format\n"
+        "name: chat\nversion: '1.0.0'\ndescription: a pack written in the model's chat format\n"
         f"preamble: {json.dumps(f'{start}system{chr(10)}Classify text messages.{end}{chr(10)}')}\n"
         f"prompt: {json.dumps(f'{start}user{chr(10)}{{text}}{end}{chr(10)}{start}model{chr(10)}')}\n"
         "question: \"{question} Answer:\"\nchoices: [yes, no]\n"
@@ -236,7 +236,8 @@ def test_service_setting_reaches_the_engine(monkeypatch):
     from types import SimpleNamespace
 
     seen = {}
-    loaded = SimpleNamespace(model_info=SimpleNamespace(name="m", sha256=None, dtype="float32", kernels="torch"))
+    loaded = SimpleNamespace(model_info=SimpleNamespace(name="m", sha256=None, dtype="float32", kernels="torch"),
+                             pack=SimpleNamespace(name="spam", version="1.1.0", fields=("text",)))
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, **kw: seen.update(kw) or loaded))
     monkeypatch.setenv("SPINF_SPECIAL_TOKENS_IN_FIELDS", "parse")
     load_engine(RunSettings())

@@ -14,7 +14,7 @@ import torch
 #: a pack with a question of every kind: choice, number, money, text and generate (pack YAML)
 EXTRACTION_PACK = """\
 name: extracting
-version: "1"
+version: "1.0.0"
 description: choice, number, money, text and generate questions of one message
 preamble: "Read the message and answer.\\n\\n"
 prompt: "Message: {text}\\n"
