@@ -38,3 +38,14 @@ def test_the_runnable_blocks_work_in_a_fresh_shell(tmp_path):
     assert "│ spam " in r.stdout and "Should this text message go to the spam folder?" in r.stdout
     records = [orjson.loads(x) for x in (tmp_path / "s.jsonl").read_bytes().splitlines()]
     assert len(records) == 12 and all("scores" in rec for rec in records)
+
+
+def test_the_sample_record_is_the_record_a_real_run_writes():
+    """bench/readme_record.py --check: the README's sample record equals ex-02's record today
+    (numbers to 3 decimals; the machine's numerics line aside)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_record", REPO / "bench" / "readme_record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0, "README.md's sample record is stale: run python bench/readme_record.py"
