@@ -368,9 +368,9 @@ class ProduceSettings(KafkaSettings):
         "-", description="JSON-lines file to publish ('-' = stdin); blank lines are skipped.", json_schema_extra=plain("FILE")
     )
     key_field: str | None = Field(None, description="JSON field whose value becomes the record key (e.g. id).")
-    validate_json: bool | None = Field(
-        None, description="Check that every line is a JSON object before publishing any (default: on for a .jsonl "
-        "file, off for stdin and other files, which may hold raw text on purpose).",
+    validate_json: bool = Field(
+        True, description="With a .jsonl input file: check that every line is a JSON object before publishing any "
+        "(stdin and other files may hold raw text on purpose and are not checked).",
     )
     log_level: LogLevel = Field("WARNING", description=LOG_LEVEL_HELP)
 

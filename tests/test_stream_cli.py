@@ -40,7 +40,9 @@ def test_produce_then_consume_round_trips_lines(topics, tmp_path, capsys):
     lines = [orjson.dumps({"id": f"m{i}", "text": f"hello {i}"}) for i in range(5)] + [b"not json"]
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n\n")
-    CliApp.run(ProduceCommand, cli_args=["--bootstrap-servers", t.bootstrap, "--topic", t.input, "--input", str(src), "--key-field", "id"])
+    # a .jsonl file is checked line by line unless --no-validate-json (here a raw line is the point)
+    CliApp.run(ProduceCommand, cli_args=["--bootstrap-servers", t.bootstrap, "--topic", t.input, "--input", str(src), "--key-field", "id",
+                                         "--no-validate-json"])
     recs = read_all(t, [t.input], n=6)
     assert sorted(r.value for r in recs) == sorted(lines)
     assert {r.key for r in recs} == {b"m0", b"m1", b"m2", b"m3", b"m4", None}

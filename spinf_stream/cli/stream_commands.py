@@ -55,8 +55,7 @@ class ProduceCommand(ProduceSettings):
         else:
             with open(self.input, "rb") as f:
                 lines = lines_of(f)
-        validate = self.validate_json if self.validate_json is not None else str(self.input).endswith(".jsonl")
-        if validate:
+        if self.validate_json and str(self.input).endswith(".jsonl"):
             _check_json_objects(lines, self.input)
         run_check(check_topic(self, self.topic))
         metas = asyncio.run(produce_lines(self.client_kwargs(), self.topic, lines, key_field=self.key_field))
