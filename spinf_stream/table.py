@@ -36,8 +36,8 @@ def answer_cell(score: Mapping[str, Any]) -> str:
     chosen = score["choices"][score["answer"]]
     p = chosen.get("calibrated", chosen["probability"])
     cell = f"{score['answer']} {p:.2f}"
-    if "threshold" in score:
-        cell += f" (≥{score['threshold']:.2f})"
+    if "threshold" in score:  # the rule, on the first choice: "no 0.98 (yes if ≥0.24)"
+        cell += f" ({next(iter(score['choices']))} if ≥{score['threshold']:.2f})"
     return cell
 
 

@@ -52,7 +52,7 @@ def test_the_table_shows_each_message_its_text_and_the_answer_with_its_probabili
         s = r["scores"]["spam"]
         row = next(x for x in lines if f" {r['id']} " in x)
         assert " ".join(texts[r["id"]].split())[:30] in row
-        assert f"{s['answer']} {s['choices'][s['answer']]['calibrated']:.2f}" in row
+        assert f"{s['answer']} {s['choices'][s['answer']]['calibrated']:.2f} (yes if ≥0.50)" in row
     counts = Counter(r["scores"]["spam"]["answer"] for r in records if "scores" in r)
     assert f"spam: {' / '.join(f'{n} {a}' for a, n in counts.most_common())}" in shown
     assert "errors: 1 (1 invalid_json)" in shown
