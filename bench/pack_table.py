@@ -4,7 +4,8 @@
 
 Each report is the ``--report`` of ``spinf-stream calibrate`` (raw metrics on every labelled row,
 calibrated metrics k-fold cross-validated). The data set column comes from the pack's
-``data.yaml``. A second table holds the extraction questions (reports with ``extractions``).
+``data.yaml``. A second table holds the extraction questions (reports with ``extractions``), a
+third the robustness reports of ``bench/adversarial.py`` (``packs/*/robustness/*.json``).
 ``--check`` also lists every labelled question where the default model misses
 the quality bar (:func:`quality_bar`) and exits 1 if there is one.
 """
@@ -146,6 +147,22 @@ def quality_bar(doc: dict) -> list[str]:
     return misses
 
 
+def robustness_rows(paths: list[Path]) -> list[str]:
+    """One row per attacked question and model: clean and worst-manipulation accuracy and recall,
+    and the worst flip rate (``bench/adversarial.py``'s reports)."""
+    out = ["| pack | question | model | held-out rows | clean accuracy | clean recall | worst manipulation "
+           "| its accuracy | its recall | flip rate |",
+           "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for path in paths:
+        doc = orjson.loads(path.read_bytes())
+        for qid, q in doc["questions"].items():
+            clean, worst = q["manipulations"]["clean"], q["worst"]
+            out.append(f"| {doc['pack']} | {qid} | {doc['model']} | {clean['n']} | {_f(clean['accuracy'])} "
+                       f"| {_f(clean['recall'])} | {worst['manipulation']} | {_f(worst['accuracy'])} "
+                       f"| {_f(worst['recall'])} | {_f(worst['flip_rate'])} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     check = "--check" in args
@@ -153,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows(paths)))
     print()
     print("\n".join(extraction_rows(paths)))
+    print()
+    print("\n".join(robustness_rows(sorted(REPO.glob("packs/*/robustness/*.json")))))
     if check:
         misses = [m for p in paths for m in quality_bar(orjson.loads(p.read_bytes())) if MODELS[0] in m]
         print("\n".join(misses) or "every labelled question of the default model meets the bar", file=sys.stderr)

@@ -8,10 +8,14 @@ How a data set's labels answer a pack's questions lives beside the pack, in
 
     target: accuracy                # optional: calibrate --target for the pack (bench/calibrate_packs.py)
     variants: {recall95: recall=0.95}  # optional: more shipped calibrations, other targets (--calibration recall95)
+    robustness:                     # optional: the questions bench/adversarial.py attacks
+      spam: {subject: spam, positive: "yes"}
     sets:
       - data: sms_spam              # a folder of ../shared/data (its dev.jsonl)
         rows: 1000                  # the first rows of dev.jsonl (a fixed pseudo-random order)
         per_label: 400              # instead of rows: the first 400 rows of each label (equal priors)
+        held_out: 50                # with per_label: the next 50 rows of each label are held out, with
+                                    # rows: the next 50 rows (never calibrated on: `labels --held-out`)
         split: ","                  # optional: the label is a list with this separator
         labels:                     # question id: {data set label: choice}
           spam: {spam: "yes", ham: "no"}
@@ -118,10 +122,20 @@ def first_words(field: str, text: str) -> list[str]:
     return out
 
 
-def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = None) -> list[dict[str, Any]]:
+def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = None,
+                  held_out: bool = False) -> list[dict[str, Any]]:
+    """The labelled rows of a pack's sets (see the module docstring); with ``held_out``, instead the
+    rows its ``rows`` and ``per_label`` sets hold out (``held_out`` rows after those taken, per label
+    with ``per_label``; files hold out none).
+
+    Raises:
+        LabelSetError: a data set cannot be read, or the mapping is wrong (names file and key).
+    """
     pack = load_pack(pack_file)
     out = []
     for s in load_mapping(pack_file):
+        if held_out and not ((s.get("per_label") or s.get("rows")) and s.get("held_out")):
+            continue
         if "file" in s:
             lines = (mapping_path(pack_file).parent / s["file"]).read_bytes().splitlines()
             out.extend(orjson.loads(line) for line in lines[:rows_override] if line.strip())
@@ -134,12 +148,16 @@ def labelled_rows(pack_file: Path, data_dir: Path, rows_override: int | None = N
             raise LabelSetError(f"{mapping_path(pack_file)}: data set {s['data']!r}: cannot read {source} "
                                 f"({e.strerror or e}); give --data DIR or set SPINF_DATA_DIR") from None
         taken: dict[str, int] = {}
-        for line in lines[:n] if n and not s.get("per_label") else lines:
+        if held_out and not s.get("per_label"):
+            lines = lines[n:n + s["held_out"]]
+        elif n and not s.get("per_label"):
+            lines = lines[:n]
+        for line in lines:
             row = orjson.loads(line)
             if s.get("per_label"):
-                if taken.get(row["label"], 0) >= s["per_label"]:
+                seen = taken[row["label"]] = taken.get(row["label"], 0) + 1
+                if (seen > s["per_label"]) != held_out or seen > s["per_label"] + s.get("held_out", 0):
                     continue
-                taken[row["label"]] = taken.get(row["label"], 0) + 1
             have = set(row["label"].split(s["split"])) if s.get("split") else {row["label"]}
             labels: dict[str, Any] = {}
             for qid, m in s.get("labels", {}).items():

@@ -164,10 +164,11 @@ def test_the_packs_config_map_carries_the_shipped_pack_the_scorer_runs():
     volume = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "packs")
     lands = {i["path"]: packs["data"][i["key"]] for i in volume["configMap"]["items"]}
     assert config(docs)["SPINF_PACK"] == f"{mount['mountPath']}/spam.yaml"
-    # the pack and every shipped calibration, where --calibration auto looks for them
+    # the pack and every shipped calibration, where --calibration auto and --calibration recall95 look
+    folder = REPO / "packs" / "spam" / "calibrations"
     want = {"spam.yaml": REPO / "packs" / "spam.yaml"} | {
-        f"spam/calibrations/{p.name}": p for p in (REPO / "packs" / "spam" / "calibrations").glob("*.json")}
-    assert len(want) == 4
+        f"spam/calibrations/{p.relative_to(folder).as_posix()}": p for p in folder.rglob("*.json")}
+    assert len(want) == 7 and "spam/calibrations/recall95/qwen2.5-coder-0.5b.json" in want
     assert lands == {k: p.read_text() for k, p in want.items()}, "run deploy/k8s/packs_configmap.py"
     assert set(packs["data"]) == {i["key"] for i in volume["configMap"]["items"]}
 

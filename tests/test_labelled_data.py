@@ -63,6 +63,19 @@ def test_rows_and_per_label_limit_what_is_taken(setup):
     assert [r["id"] for r in _script().labelled_rows(packs / "moderation.yaml", data)] == ["t2", "t3"]
 
 
+def test_held_out_rows_are_the_next_of_each_label_and_never_among_those_taken(setup):
+    packs, data = setup
+    _mapping(packs, 'sets:\n  - data: toy\n    per_label: 1\n    held_out: 1\n    labels:\n'
+                    '      toxic: {none: "no", threat: "yes"}\n')
+    ls = _script()
+    assert [r["id"] for r in ls.labelled_rows(packs / "moderation.yaml", data)] == ["t2", "t3"]
+    assert [r["id"] for r in ls.labelled_rows(packs / "moderation.yaml", data, held_out=True)] == ["t5"]
+    _mapping(packs, 'sets:\n  - data: toy\n    per_label: 1\n    labels:\n      toxic: {none: "no", threat: "yes"}\n')
+    assert ls.labelled_rows(packs / "moderation.yaml", data, held_out=True) == []  # none stated: none held out
+    _mapping(packs, 'sets:\n  - data: toy\n    rows: 2\n    held_out: 2\n    labels:\n      toxic: {none: "no", threat: "yes"}\n')
+    assert [r["id"] for r in ls.labelled_rows(packs / "moderation.yaml", data)] == ["t2"]
+    assert [r["id"] for r in ls.labelled_rows(packs / "moderation.yaml", data, held_out=True)] == ["t3"]  # t4: unmapped
+
 def test_a_mapping_to_a_choice_the_question_lacks_is_refused(setup):
     packs, data = setup
     _mapping(packs, 'sets:\n  - data: toy\n    labels:\n      toxic: {none: "nope"}\n')

@@ -1,7 +1,8 @@
 """Write ``deploy/k8s/base/packs.yaml``: the ConfigMap of the packs the scorer can run, with each
 pack's shipped calibrations, and the packs volume's ``items`` in ``deploy/k8s/base/deployment.yaml``:
-where each key lands under the mount, ``<pack>.yaml`` and ``<pack>/calibrations/<model>.json``,
-the layout ``--calibration auto`` reads (README, "Calibrated decisions").
+where each key lands under the mount, ``<pack>.yaml``, ``<pack>/calibrations/<model>.json`` and
+each named variant's ``<pack>/calibrations/<name>/<model>.json``, the layout ``--calibration auto``
+and ``--calibration <name>`` read (README, "Calibrated decisions").
 
     python deploy/k8s/packs_configmap.py [PACK ...]   # default: spam
 """
@@ -24,8 +25,10 @@ def entries(packs: list[str]) -> list[tuple[str, str, Path]]:
     out = []
     for name in packs:
         out.append((f"{name}.yaml", f"{name}.yaml", REPO / "packs" / f"{name}.yaml"))
-        for cal in sorted((REPO / "packs" / name / "calibrations").glob("*.json")):
-            out.append((f"{name}.calibration.{cal.stem}.json", f"{name}/calibrations/{cal.name}", cal))
+        folder = REPO / "packs" / name / "calibrations"
+        for cal in sorted(folder.rglob("*.json")):  # the default ones and each named variant's folder
+            rel = cal.relative_to(folder)
+            out.append((f"{name}.calibration.{'.'.join(rel.parts)}", f"{name}/calibrations/{rel.as_posix()}", cal))
     return out
 
 

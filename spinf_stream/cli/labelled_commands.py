@@ -28,6 +28,7 @@ from spinf_stream.config import (
     settings_config,
     token_budget_field,
 )
+from spinf_stream.errors import UsageError
 from spinf_stream.packs import Pack
 
 if TYPE_CHECKING:
@@ -309,6 +310,8 @@ class LabelsCommand(BaseSettings):
     output: str | None = Field(default=None, description="Write the rows here (default: .cache/labelled/<pack>.jsonl).",
                                json_schema_extra=plain("FILE"))
     rows: int | None = Field(default=None, ge=1, description="Rows per data set (default: each set's own).")
+    held_out: bool = Field(default=False, description="Write the rows the sets hold out (their `held_out`: never "
+                           "calibrated on) instead, to .cache/labelled/<pack>.held_out.jsonl by default.")
 
     def cli_cmd(self) -> None:
         import orjson
@@ -318,8 +321,13 @@ class LabelsCommand(BaseSettings):
 
         pack = preflight.check_pack(self.pack)
         assert pack.source is not None
-        out = Path(self.output) if self.output else Path(".cache") / "labelled" / f"{pack.name}.jsonl"
+        name = f"{pack.name}.held_out.jsonl" if self.held_out else f"{pack.name}.jsonl"
+        out = Path(self.output) if self.output else Path(".cache") / "labelled" / name
         preflight.check_output_file(out, "--output", "SPINF_OUTPUT")
-        rows = labelled_rows(Path(pack.source), data_dir(self.data), self.rows)
+        rows = labelled_rows(Path(pack.source), data_dir(self.data), self.rows, held_out=self.held_out)
+        if self.held_out and not rows:
+            raise UsageError(f"pack {pack.name} holds out no rows: give a set of {Path(pack.source).with_suffix('')}"
+                             f"/data.yaml a held_out count")
         out.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        print(f"{out}: {len(rows)} labelled rows of pack {pack.name}", file=sys.stderr)
+        kind = "held-out" if self.held_out else "labelled"
+        print(f"{out}: {len(rows)} {kind} rows of pack {pack.name}", file=sys.stderr)
