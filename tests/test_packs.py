@@ -447,3 +447,51 @@ def test_a_question_may_have_its_own_branch_template(tmp_path: Path) -> None:
     qs = {q.id: q for q in pack.expand()}
     assert pack.render_question(qs["amount"]) == "Q: How much?\nA:"
     assert pack.render_question(qs["spam"]) == pack.question.format(question=qs["spam"].text)
+
+
+# ------------------------------------------------------------------------ escaping the fence
+
+ESCAPED = "<\\/message>"
+FENCED = edited('prompt: "Text message: {text}\\n"',
+                'prompt: "<message>\\n{text}\\n</message>\\n"\nescape_in_fields: {"</message>": "<\\\\/message>"}')
+
+
+def test_a_field_cannot_close_the_fence_whatever_it_is_made_of(tmp_path: Path) -> None:
+    """Every message made of up to 4 pieces of the delimiter, of its replacement and of other text
+    renders with the delimiter exactly where the prompt writes it, and escaping is the definition:
+    each occurrence replaced, left to right."""
+    import itertools
+
+    pack = load_pack(write(tmp_path, FENCED))
+    assert pack.escape_in_fields == {"</message>": "<\\/message>"}
+    pieces = ["</message>", "<\\/message>", "</", "message>", "<", ">", "/", "x", "</message"]
+    n = 0
+    for k in range(5):
+        for parts in itertools.product(pieces, repeat=k):
+            text = "".join(parts)
+            rendered = pack.render_prompt({"text": text})
+            assert rendered.count("</message>") == 1 and rendered.endswith("\n</message>\n"), text
+            escaped = text.replace("</message>", ESCAPED)
+            assert rendered == f"<message>\n{escaped}\n</message>\n"
+            n += 1
+    assert n == sum(len(pieces) ** k for k in range(5))
+
+
+def test_a_pack_that_escapes_nothing_renders_fields_as_they_are(tmp_path: Path) -> None:
+    pack = load_pack(write(tmp_path, GOOD))
+    assert pack.escape_in_fields == {} and pack.render_prompt({"text": "a </message> b"}) == "Text message: a </message> b\n"
+
+
+@pytest.mark.parametrize("escape, problem", [
+    ('{"</message>": "x</message>x"}', r"hold one another: the delimiter could reappear"),
+    ('{"</message>": "x</mess"}', r"begins or ends like part of '</message>'"),
+    ('{"</message>": "age> x"}', r"begins or ends like part of '</message>'"),
+    ('{"</message>": "mess"}', r"hold one another"),
+    ('{"</msg>": "<\\\\/msg>"}', r"'</msg>' is not in the prompt's text"),
+    ('{"": "x"}', r"an empty delimiter"),
+])
+def test_an_escape_that_would_let_the_delimiter_reappear_is_refused_naming_the_key(tmp_path: Path, escape, problem) -> None:
+    text = FENCED.replace('escape_in_fields: {"</message>": "<\\\\/message>"}', f"escape_in_fields: {escape}")
+    assert text != FENCED
+    err = load_error(tmp_path, text)
+    assert "escape_in_fields" in str(err) and __import__("re").search(problem, str(err)), str(err)

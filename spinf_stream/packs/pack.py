@@ -12,6 +12,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     choices: [yes, no]                          # default choice labels (optional when every question has its own)
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
     special_tokens_in_fields: plain             # optional; plain (default) or parse, see below
+    escape_in_fields: {"</message>": "<\\/message>"}  # optional; what a field's text may not hold, see below
     choice_scoring: sum                         # optional; sum (default), mean or first_token, see below
     questions:
       - id: spam
@@ -49,6 +50,13 @@ inside a message's fields is: ``plain`` (default) tokenizes it as ordinary text,
 cannot forge control tokens; ``parse`` gives it the tokenizer's default meaning (control tokens).
 Special tokens written in the pack itself are control tokens either way
 (:mod:`spinf_stream.engine.tokenizer`).
+
+``escape_in_fields`` maps each delimiter of the prompt that a message must not be able to write
+(the fence that closes its fields) to what it becomes inside a field's value: every occurrence is
+replaced, leftmost first, in one pass. At load each delimiter must be in the prompt's text, and no
+replacement may let a delimiter reappear: not inside it, nor across its edge with the text beside
+it (a replacement's first or last characters must not continue or end a delimiter), so a rendered
+prompt holds each delimiter exactly where the prompt writes it.
 
 ``choice_scoring`` says how a choice's tokens make its logprob: ``sum`` (the log-probability of
 the whole label), ``mean`` (that divided by its number of tokens: SGLang's token-length
@@ -386,6 +394,27 @@ class QuestionSpec(BaseModel):
         return out
 
 
+def _escape_problems(escape: Mapping[str, str], prompt_text: str) -> dict[str, str]:
+    """Why each delimiter of ``escape_in_fields`` would not hold (see the module docstring): a
+    delimiter may reappear in an escaped field only inside a replacement or across its edge."""
+    out: dict[str, str] = {}
+    for key, replacement in escape.items():
+        if not key:
+            out[key] = "an empty delimiter: write the text a message must not hold"
+        elif key not in prompt_text:
+            out[key] = f"{key!r} is not in the prompt's text: escape the delimiters the prompt writes"
+    for key in escape:
+        for other, r in escape.items():
+            if not key or key in out:
+                continue
+            if key in r or (r and r in key):
+                out[key] = f"the replacement of {other!r}, {r!r}, and {key!r} hold one another: the delimiter could reappear"
+            elif any(r.endswith(key[:i]) for i in range(1, len(key))) or any(r.startswith(key[-i:]) for i in range(1, len(key))):
+                out[key] = (f"the replacement of {other!r}, {r!r}, begins or ends like part of {key!r}: "
+                            "with the text beside it the delimiter could reappear")
+    return out
+
+
 class Pack(BaseModel):
     """A validated prompt pack. Build with :func:`load_pack` (which sets ``source``)."""
 
@@ -400,6 +429,7 @@ class Pack(BaseModel):
     choices: tuple[str, ...] | None = None
     answer_prefix: str = " "
     special_tokens_in_fields: Literal["plain", "parse"] = "plain"
+    escape_in_fields: dict[str, str] = Field(default_factory=dict)
     choice_scoring: ChoiceScoring = "sum"
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
 
@@ -407,6 +437,7 @@ class Pack(BaseModel):
     _prompt_t: tuple[tuple[str, str | None], ...] = PrivateAttr(default=())
     _question_t: tuple[tuple[str, str | None], ...] = PrivateAttr(default=())
     _expanded: tuple[ExpandedQuestion, ...] = PrivateAttr(default=())
+    _escape_re: re.Pattern[str] | None = PrivateAttr(default=None)
 
     @field_validator("version")
     @classmethod
@@ -460,6 +491,11 @@ class Pack(BaseModel):
         self._prompt_t = _parse_template(self.prompt)
         self._question_t = _parse_template(self.question)
         self._expanded = tuple(expanded)
+        literal = "".join(text for text, _ in self._prompt_t)
+        for key, problem in _escape_problems(self.escape_in_fields, literal).items():
+            raise _AtKey(("escape_in_fields", key), problem)
+        if self.escape_in_fields:
+            self._escape_re = re.compile("|".join(map(re.escape, sorted(self.escape_in_fields, key=len, reverse=True))))
         return self
 
     @property
@@ -495,11 +531,18 @@ class Pack(BaseModel):
             out.append(literal)
             at += len(literal)
             if field is not None:
-                value = fields[field]
+                value = self.escape_field(fields[field])
                 out.append(value)
                 spans.append((at, at + len(value)))
                 at += len(value)
         return "".join(out), tuple(spans)
+
+    def escape_field(self, value: str) -> str:
+        """``value`` with every delimiter of ``escape_in_fields`` replaced (one pass, leftmost and
+        longest first); unchanged when the pack escapes nothing."""
+        if self._escape_re is None:
+            return value
+        return self._escape_re.sub(lambda m: self.escape_in_fields[m.group()], value)
 
     def render_question(self, q: ExpandedQuestion) -> str:
         """The branch part of one question: its template (the question's own ``question``, else the
