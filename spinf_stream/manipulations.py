@@ -61,10 +61,11 @@ ZERO_WIDTH_SPACE = "\u200b"
 _LONG_WORD = re.compile(r"[A-Za-z]{4,}")
 
 #: An everyday paragraph of our own, put before the message by ``benign_padding``.
+#: It ends without a lead-in: "here is a message I got" would make the payload a forwarded one,
+#: which changes what a person would call it.
 BENIGN = ("Hi, hope your week is going well. The weather has finally turned and we spent Sunday in "
           "the garden planting tomatoes and beans. The kids want to visit the lake again next month "
-          "if the trains are running, and Grandma says she will bake her apple cake for everyone. "
-          "Anyway, here is the message I got earlier:")
+          "if the trains are running, and Grandma says she will bake her apple cake for everyone.")
 
 
 def claim_after(text: str, t: Target) -> str:
