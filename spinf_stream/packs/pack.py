@@ -12,6 +12,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     choices: [yes, no]                          # default choice labels (optional when every question has its own)
     answer_prefix: " "                          # optional; a choice's continuation = prefix + label
     special_tokens_in_fields: plain             # optional; plain (default) or parse, see below
+    normalize_fields: none                      # optional; none (default), nfkc or latin_lookalikes, see below
     escape_in_fields: {"</message>": "<\\/message>"}  # optional; what a field's text may not hold, see below
     choice_scoring: sum                         # optional; sum (default), mean or first_token, see below
     questions:
@@ -51,6 +52,12 @@ cannot forge control tokens; ``parse`` gives it the tokenizer's default meaning 
 Special tokens written in the pack itself are control tokens either way
 (:mod:`spinf_stream.engine.tokenizer`).
 
+``normalize_fields`` says how a field's text is read before it is rendered
+(:mod:`spinf_stream.packs.normalize`): ``none`` (default) as written; ``nfkc`` (Unicode NFKC);
+``latin_lookalikes`` (NFKC, invisible format characters removed, and letters of other scripts drawn
+like Latin ones made Latin where they stand among Latin text: ``FRΕΕ`` with Greek ``Ε`` reads ``FREE``).
+Escaping (below) comes after it.
+
 ``escape_in_fields`` maps each delimiter of the prompt that a message must not be able to write
 (the fence that closes its fields) to what it becomes inside a field's value: every occurrence is
 replaced, leftmost first, in one pass. At load each delimiter must be in the prompt's text, and no
@@ -78,6 +85,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from spinf_stream.packs.normalize import NormalizeFields, normalize
 
 from spinf_stream.currencies import CODES, WORDS
 
@@ -429,6 +438,7 @@ class Pack(BaseModel):
     choices: tuple[str, ...] | None = None
     answer_prefix: str = " "
     special_tokens_in_fields: Literal["plain", "parse"] = "plain"
+    normalize_fields: NormalizeFields = "none"
     escape_in_fields: dict[str, str] = Field(default_factory=dict)
     choice_scoring: ChoiceScoring = "sum"
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
@@ -531,7 +541,7 @@ class Pack(BaseModel):
             out.append(literal)
             at += len(literal)
             if field is not None:
-                value = self.escape_field(fields[field])
+                value = self.escape_field(normalize(fields[field], self.normalize_fields))
                 out.append(value)
                 spans.append((at, at + len(value)))
                 at += len(value)
