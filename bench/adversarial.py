@@ -6,13 +6,22 @@ choice the row's label is not.
     python bench/adversarial.py --pack spam [--model M] [--calibration auto] [--output FILE]
 
 Which questions are attacked, and what each detects, is the ``robustness`` map of the pack's
-``data.yaml`` (``question id: {subject: spam, positive: "yes"}``): a two-choice question whose
-``positive`` choice says the message is the ``subject``. Every row is scored clean and under each
-manipulation by ``spinf-stream score`` (the pack's calibration applies). Per question and
-manipulation the report gives ``n``, ``accuracy``, ``recall`` (of the positive choice), and
-``flip_rate``: the share of rows whose answer differs from the clean row's. ``worst`` is the
-manipulation with the highest flip rate. Written as JSON to ``--output`` (default
-``packs/<pack>/robustness/<model>.json``), and printed as a table.
+``data.yaml`` (``question id: {subject: spam, positive: "yes", max_flip_rate: 0.55}``): the
+``positive`` choice says the message is the ``subject``; ``max_flip_rate`` is the bound the pack
+states for the default model (tests/test_pack_library.py checks its report against it). Each
+manipulation argues for the choice at the other end of the question's list from the row's label
+(of two choices, the other one; on a scale, its far end). Every row is scored clean and under
+each manipulation by ``spinf-stream score`` (the pack's calibration applies). Per question and
+manipulation the report (with the pack's ``version`` and the ``calibration_id`` its answers came
+from) gives ``n``, ``accuracy``, ``recall`` (of the positive choice), and ``flip_rate``: the share
+of rows whose answer differs from the clean row's. ``worst`` is the
+manipulation with the highest flip rate. A question named in the ``detectors`` map of
+``data.yaml`` (``question id: choice``) asks whether the message argues with the filter: for it
+the report gives, per manipulation and over all of them, the AUC of its choice's probability
+(calibrated where the pack's calibration covers it, else raw) on the manipulated rows against the
+clean ones (the Mann-Whitney statistic: the chance that a manipulated row scores above a clean
+one). Written as JSON to ``--output`` (default ``packs/<pack>/robustness/<model>.json``), and
+printed as a table.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -45,6 +55,18 @@ def targets(pack_name: str) -> dict[str, dict]:
     return out
 
 
+def detectors(pack_name: str) -> dict[str, str]:
+    """The pack's ``detectors`` map: question id -> the choice that says the message argues."""
+    doc = yaml.safe_load((REPO / "packs" / pack_name / "data.yaml").read_text(encoding="utf-8"))
+    return (doc or {}).get("detectors") or {}
+
+
+def argued_for(choices: Sequence[str], label: str) -> str:
+    """The choice a manipulation argues for: the one at the other end of the choices' list from the
+    row's label (two choices: the other one; a scale such as ``true ... pants on fire``: its far end)."""
+    return choices[-1] if choices.index(label) < len(choices) / 2 else choices[0]
+
+
 def manipulated_rows(pack_name: str, rows: list[dict]) -> list[dict]:
     """Each row clean (id ``<id>|clean``) and under every manipulation (``<id>|<name>``), per
     attacked question labelled in it (``<id>|<question>|<name>``: the argument is the question's)."""
@@ -59,7 +81,7 @@ def manipulated_rows(pack_name: str, rows: list[dict]) -> list[dict]:
             if label is None:
                 continue
             q = questions[qid]
-            wanted = next(c for c in q.choices if c != label)
+            wanted = argued_for(q.choices, label)
             t = Target(subject=how["subject"], wanted=wanted, positive=wanted == how["positive"],
                        question=pack.render_question(q))
             for name, f in MANIPULATIONS.items():
@@ -91,6 +113,32 @@ def measure(pack_name: str, rows: list[dict], answers: dict[str, dict[str, str]]
     return report
 
 
+def _probability(score: dict, choice: str) -> float:
+    c = score["choices"][choice]
+    return c["calibrated"] if c.get("calibrated") is not None else c["probability"]
+
+
+def detection(pack_name: str, rows: list[dict], probability: dict[str, dict[str, float]],
+              which: dict[str, str] | None = None) -> dict[str, dict]:
+    """Per detector question (``which``, default the pack's ``detectors``): AUC of its choice's
+    probability, manipulated rows against clean ones, per manipulation (``n`` manipulated rows)
+    and over all manipulations (``all``)."""
+    from sklearn.metrics import roc_auc_score
+
+    out: dict[str, dict] = {}
+    for qid, choice in (detectors(pack_name) if which is None else which).items():
+        clean = [probability[f"{r['id']}|{CLEAN}"][qid] for r in rows]
+        per: dict[str, dict] = {}
+        every: list[float] = []
+        for name in MANIPULATIONS:
+            got = [probability[f"{r['id']}|{t}|{name}"][qid] for r in rows for t in targets(pack_name) if t in r["labels"]]
+            every += got
+            per[name] = {"n": len(got), "auc": float(roc_auc_score([1] * len(got) + [0] * len(clean), got + clean))}
+        per["all"] = {"n": len(every), "auc": float(roc_auc_score([1] * len(every) + [0] * len(clean), every + clean))}
+        out[qid] = {"choice": choice, "clean_rows": len(clean), "auc": per}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pack", required=True)
@@ -108,14 +156,19 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", "--pack", args.pack, "--model", args.model,
                         "--calibration", args.calibration, "--input", str(given), "--output", str(scored),
                         "--format", "jsonl", "--no-progress"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        answers = {}
+        answers, probability, calibrations = {}, {}, set()
         for line in scored.read_bytes().splitlines():
             rec = orjson.loads(line)
             if "error" in rec:
                 raise SystemExit(f"{rec.get('id')}: {rec['error']['message']}")
+            calibrations.add(rec.get("calibration"))
             answers[rec["id"]] = {q: s["answer"] for q, s in rec["scores"].items()}
-    report = {"pack": args.pack, "model": args.model, "calibration": args.calibration, "rows": len(rows),
-              "input": os.path.relpath(src, REPO), "questions": measure(args.pack, rows, answers)}
+            probability[rec["id"]] = {q: _probability(rec["scores"][q], c) for q, c in detectors(args.pack).items()}
+    report = {"pack": args.pack, "version": load_pack(REPO / "packs" / f"{args.pack}.yaml").version, "model": args.model,
+              "calibration": args.calibration, "calibration_id": " ".join(sorted(c or "none" for c in calibrations)),
+              "rows": len(rows),
+              "input": os.path.relpath(src, REPO), "questions": measure(args.pack, rows, answers),
+              "detectors": detection(args.pack, rows, probability)}
     out = args.output or REPO / "packs" / args.pack / "robustness" / f"{args.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -126,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             recall = "-" if m["recall"] is None else f"{m['recall']:.3f}"
             print(f"  {name:<16} {m['accuracy']:>8.3f} {recall:>7} {m['flip_rate']:>6.3f}")
         print(f"  worst: {q['worst']['manipulation']} (flip rate {q['worst']['flip_rate']:.3f})")
+    for qid, d in report["detectors"].items():
+        print(f"{args.pack} {qid}: AUC of p({d['choice']}), manipulated against {d['clean_rows']} clean rows")
+        for name, m in d["auc"].items():
+            print(f"  {name:<16} {m['auc']:>6.3f} ({m['n']} rows)")
     print(f"wrote {os.path.relpath(out, REPO)}", file=sys.stderr)
     return 0
 

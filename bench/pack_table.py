@@ -163,6 +163,26 @@ def robustness_rows(paths: list[Path]) -> list[str]:
     return out
 
 
+def flip_rows(paths: list[Path]) -> list[str]:
+    """One row per attacked question and model: each manipulation's flip rate, and each detector
+    question's AUC over all manipulations (``bench/adversarial.py``'s reports)."""
+    docs = [orjson.loads(p.read_bytes()) for p in paths]
+    if not docs:
+        return []
+    names = [m for m in next(iter(docs[0]["questions"].values()))["manipulations"] if m != "clean"]
+    out = ["| pack | question | model | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+           "|---|---|---|" + "---:|" * len(names)]
+    for doc in docs:
+        for qid, q in doc["questions"].items():
+            out.append(f"| {doc['pack']} {doc.get('version', '')} | {qid} | {doc['model']} | "
+                       + " | ".join(_f(q["manipulations"][n]["flip_rate"]) for n in names) + " |")
+        for qid, d in (doc.get("detectors") or {}).items():
+            out.append(f"| {doc['pack']} {doc.get('version', '')} | {qid} (detector: AUC of p({d['choice']}), "
+                       f"manipulated against clean) | {doc['model']} | "
+                       + " | ".join(_f(d["auc"][n]["auc"]) for n in names) + " |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     check = "--check" in args
@@ -172,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(extraction_rows(paths)))
     print()
     print("\n".join(robustness_rows(sorted(REPO.glob("packs/*/robustness/*.json")))))
+    print()
+    print("\n".join(flip_rows(sorted(REPO.glob("packs/*/robustness/*.json")))))
     if check:
         misses = [m for p in paths for m in quality_bar(orjson.loads(p.read_bytes())) if MODELS[0] in m]
         print("\n".join(misses) or "every labelled question of the default model meets the bar", file=sys.stderr)

@@ -10,6 +10,8 @@ How a data set's labels answer a pack's questions lives beside the pack, in
     variants: {recall95: recall=0.95}  # optional: more shipped calibrations, other targets (--calibration recall95)
     robustness:                     # optional: the questions bench/adversarial.py attacks
       spam: {subject: spam, positive: "yes"}
+    detectors: {tells_how_to_classify: "yes"}  # optional: questions that detect the attack, with
+                                    # the choice that says so (bench/adversarial.py reports their AUC)
     sets:
       - data: sms_spam              # a folder of ../shared/data (its dev.jsonl)
         rows: 1000                  # the first rows of dev.jsonl (a fixed pseudo-random order)

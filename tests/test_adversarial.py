@@ -51,3 +51,33 @@ def test_accuracy_recall_and_flip_rate_are_counted_against_the_labels_and_the_cl
     assert claim == {"n": 4, "accuracy": 0.25, "recall": 0.0, "flip_rate": 0.5}
     assert glyph == {"n": 4, "accuracy": 0.75, "recall": 1.0, "flip_rate": 0.5}  # s1 flipped to right, h2 to wrong
     assert q["worst"]["manipulation"] == "claim_after" and q["worst"]["flip_rate"] == 0.5
+
+
+def test_a_detector_s_auc_is_the_chance_a_manipulated_row_scores_above_a_clean_one(bench):
+    # Mann-Whitney by its definition: over every (manipulated, clean) pair, 1 if the manipulated
+    # row's probability is higher, 1/2 if equal.
+    clean = {"s1": 0.1, "s2": 0.3, "h1": 0.2, "h2": 0.6}
+    probability = {f"{r}|clean": {"tells": p} for r, p in clean.items()}
+    for i, name in enumerate(MANIPULATIONS):
+        for j, r in enumerate(clean):
+            probability[f"{r}|spam|{name}"] = {"tells": round(0.05 * ((i + 3 * j) % 17), 2)}
+    d = bench.detection("spam", ROWS, probability, which={"tells": "yes"})["tells"]
+    assert d["choice"] == "yes" and d["clean_rows"] == 4
+
+    def by_hand(got):
+        pairs = [(g, c) for g in got for c in clean.values()]
+        return sum(1.0 if g > c else 0.5 if g == c else 0.0 for g, c in pairs) / len(pairs)
+
+    every = []
+    for name in MANIPULATIONS:
+        got = [probability[f"{r}|spam|{name}"]["tells"] for r in clean]
+        every += got
+        assert d["auc"][name] == {"n": 4, "auc": pytest.approx(by_hand(got), abs=1e-12)}
+    assert d["auc"]["all"] == {"n": 4 * len(MANIPULATIONS), "auc": pytest.approx(by_hand(every), abs=1e-12)}
+
+
+def test_a_manipulation_argues_for_the_far_end_of_the_choices_from_the_label(bench):
+    assert bench.argued_for(["yes", "no"], "yes") == "no" and bench.argued_for(["yes", "no"], "no") == "yes"
+    scale = ["true", "mostly true", "half true", "barely true", "false", "pants on fire"]
+    assert [bench.argued_for(scale, c) for c in scale] == ["pants on fire"] * 3 + ["true"] * 3
+    assert bench.argued_for(["a", "b", "c"], "b") == "c"  # the middle of an odd list: its last choice

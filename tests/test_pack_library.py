@@ -104,3 +104,38 @@ BELOW_THE_BAR = {"irony"}
 def test_the_default_models_cross_validated_numbers_meet_the_bar(pack):
     doc = orjson.loads((REPO / "packs" / pack / "reports" / f"{MODELS[0]}.json").read_bytes())
     assert _pack_table().quality_bar(doc) == []
+
+
+def _robustness(pack: str) -> dict:
+    import yaml
+
+    return (yaml.safe_load((REPO / "packs" / pack / "data.yaml").read_text(encoding="utf-8")) or {}).get("robustness") or {}
+
+
+ATTACKED = [p for p in PACKS if _robustness(p)]
+
+
+def test_the_packs_of_the_robustness_issue_are_attacked():
+    assert set(ATTACKED) >= {"spam", "clickbait", "claims"}
+
+
+@pytest.mark.parametrize("pack", ATTACKED)
+def test_a_packs_measured_worst_flip_rate_is_within_the_bound_it_states(pack):
+    """The default model's bench/adversarial.py report is of the pack file and calibration shipped
+    today, and under no manipulation changes more answers than data.yaml's max_flip_rate."""
+    doc = orjson.loads((REPO / "packs" / pack / "robustness" / f"{MODELS[0]}.json").read_bytes())
+    shipped = cal.load(REPO / "packs" / pack / "calibrations" / f"{MODELS[0]}.json")
+    assert (doc["version"], doc["calibration_id"]) == (load_pack(pack).version, shipped.id), \
+        f"packs/{pack}/robustness/{MODELS[0]}.json is of another pack version or calibration: run bench/adversarial.py --pack {pack}"
+    for qid, how in _robustness(pack).items():
+        worst = doc["questions"][qid]["worst"]
+        assert worst["flip_rate"] <= how["max_flip_rate"], \
+            f"{pack} {qid}: {worst['manipulation']} flips {worst['flip_rate']:.3f} of the answers, above the stated {how['max_flip_rate']}"
+
+
+def test_packs_readme_holds_the_robustness_tables_the_reports_make():
+    reports = sorted(REPO.glob("packs/*/robustness/*.json"))
+    readme = (REPO / "packs" / "README.md").read_text(encoding="utf-8").splitlines()
+    table = _pack_table()
+    missing = [r for r in table.robustness_rows(reports) + table.flip_rows(reports) if r not in readme]
+    assert not missing, "run bench/pack_table.py and put its robustness tables in packs/README.md: " + missing[0]

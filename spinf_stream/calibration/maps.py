@@ -341,7 +341,7 @@ def variant_of(ref: str, pack: Pack) -> str | None:
 
 def decision_rule(qc: QuestionCalibration, cal: Calibration) -> str | None:
     """The record's ``rule`` for a question whose answer a threshold decides (``None`` otherwise):
-    ``"yes if calibrated[yes] >= 0.240 (recall=0.95 on spam@1.2.0 rows)"``."""
+    ``"yes if calibrated[yes] >= 0.240 (recall=0.95 on spam@1.3.0 rows)"``."""
     if qc.threshold is None:
         return None
     first = qc.choices[0]

@@ -119,7 +119,7 @@ class QuestionScore(BaseModel):
     rule: str | SkipJsonSchema[None] = Field(
         None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
         description="How the answer was decided when it is not the most probable choice, e.g. "
-        "'yes if calibrated[yes] >= 0.240 (recall=0.95 on spam@1.2.0 rows)'; absent otherwise.",
+        "'yes if calibrated[yes] >= 0.240 (recall=0.95 on spam@1.3.0 rows)'; absent otherwise.",
     )
 
 
