@@ -46,10 +46,13 @@ from spinf_stream.packs import load_pack  # noqa: E402
 CLEAN = "clean"
 
 
+def _data(pack_name: str) -> dict:
+    return yaml.safe_load((REPO / "packs" / pack_name / "data.yaml").read_text(encoding="utf-8")) or {}
+
+
 def targets(pack_name: str) -> dict[str, dict]:
     """The pack's ``robustness`` map: question id -> {subject, positive}."""
-    doc = yaml.safe_load((REPO / "packs" / pack_name / "data.yaml").read_text(encoding="utf-8"))
-    out = (doc or {}).get("robustness") or {}
+    out = _data(pack_name).get("robustness") or {}
     if not out:
         raise SystemExit(f"packs/{pack_name}/data.yaml has no robustness map (question: {{subject, positive}})")
     return out
@@ -57,8 +60,7 @@ def targets(pack_name: str) -> dict[str, dict]:
 
 def detectors(pack_name: str) -> dict[str, str]:
     """The pack's ``detectors`` map: question id -> the choice that says the message argues."""
-    doc = yaml.safe_load((REPO / "packs" / pack_name / "data.yaml").read_text(encoding="utf-8"))
-    return (doc or {}).get("detectors") or {}
+    return _data(pack_name).get("detectors") or {}
 
 
 def argued_for(choices: Sequence[str], label: str) -> str:
@@ -73,10 +75,11 @@ def manipulated_rows(pack_name: str, rows: list[dict]) -> list[dict]:
     pack = load_pack(REPO / "packs" / f"{pack_name}.yaml")
     questions = {q.id: q for q in pack.expand()}
     field = pack.fields[0]
+    attacked = targets(pack_name)
     out = []
     for row in rows:
         out.append({**row, "id": f"{row['id']}|{CLEAN}"})
-        for qid, how in targets(pack_name).items():
+        for qid, how in attacked.items():
             label = row["labels"].get(qid)
             if label is None:
                 continue
@@ -125,13 +128,14 @@ def detection(pack_name: str, rows: list[dict], probability: dict[str, dict[str,
     and over all manipulations (``all``)."""
     from sklearn.metrics import roc_auc_score
 
+    attacked = targets(pack_name)
     out: dict[str, dict] = {}
     for qid, choice in (detectors(pack_name) if which is None else which).items():
         clean = [probability[f"{r['id']}|{CLEAN}"][qid] for r in rows]
         per: dict[str, dict] = {}
         every: list[float] = []
         for name in MANIPULATIONS:
-            got = [probability[f"{r['id']}|{t}|{name}"][qid] for r in rows for t in targets(pack_name) if t in r["labels"]]
+            got = [probability[f"{r['id']}|{t}|{name}"][qid] for r in rows for t in attacked if t in r["labels"]]
             every += got
             per[name] = {"n": len(got), "auc": float(roc_auc_score([1] * len(got) + [0] * len(clean), got + clean))}
         per["all"] = {"n": len(every), "auc": float(roc_auc_score([1] * len(every) + [0] * len(clean), every + clean))}
@@ -156,14 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", "--pack", args.pack, "--model", args.model,
                         "--calibration", args.calibration, "--input", str(given), "--output", str(scored),
                         "--format", "jsonl", "--no-progress"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        answers, probability, calibrations = {}, {}, set()
+        answers, probability, calibrations, detected = {}, {}, set(), detectors(args.pack)
         for line in scored.read_bytes().splitlines():
             rec = orjson.loads(line)
             if "error" in rec:
                 raise SystemExit(f"{rec.get('id')}: {rec['error']['message']}")
             calibrations.add(rec.get("calibration"))
             answers[rec["id"]] = {q: s["answer"] for q, s in rec["scores"].items()}
-            probability[rec["id"]] = {q: _probability(rec["scores"][q], c) for q, c in detectors(args.pack).items()}
+            probability[rec["id"]] = {q: _probability(rec["scores"][q], c) for q, c in detected.items()}
     report = {"pack": args.pack, "version": load_pack(REPO / "packs" / f"{args.pack}.yaml").version, "model": args.model,
               "calibration": args.calibration, "calibration_id": " ".join(sorted(c or "none" for c in calibrations)),
               "rows": len(rows),
