@@ -77,16 +77,16 @@ def configs(tiny: bool) -> dict[str, Any]:
             ),
         }
     return {
+        "qwen3-8b": Qwen3Config(
+            vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+            rope_theta=1_000_000.0, tie_word_embeddings=False,
+        ),
         "gemma3-12b": Gemma3TextConfig(
             vocab_size=262144, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
             num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
             sliding_window=1024, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 8,
             max_position_embeddings=131072, rope_theta=1_000_000.0,
-        ),
-        "qwen3-8b": Qwen3Config(
-            vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-            rope_theta=1_000_000.0, tie_word_embeddings=False,
         ),
     }
 
@@ -391,10 +391,38 @@ def run_setting(
     return out
 
 
+def compiled_kernels() -> list[dict[str, Any]]:
+    """Every Triton kernel compiled in this process so far, as the driver loaded it: registers per
+    thread, register spills (bytes of local memory), shared memory per block (bytes), the
+    constexprs and launch options, and the tensor-core instruction family found in its PTX."""
+    import importlib
+
+    out = []
+    for mod, name in (("matmul", "_matmul_kernel"), ("rmsnorm", "_rms_norm_kernel"),
+                      ("logsumexp", "_logsumexp_kernel"), ("tree_attention", "_tree_attention_kernel")):
+        fn = getattr(importlib.import_module(f"spinf_stream.kernels.{mod}"), name)
+        for caches in getattr(fn, "device_caches", {}).values():
+            for k in caches[0].values():
+                try:
+                    k._init_handles()  # loaded already when it ran; sets n_regs and n_spills
+                except Exception:  # noqa: BLE001 - compiled for another GPU (tests): no counts
+                    pass
+                ptx = k.asm.get("ptx", "")
+                mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "tcgen05" if "tcgen05" in ptx else "none"
+                consts = {fn.arg_names[p[0]]: v for p, v in getattr(getattr(k, "src", None), "constants", {}).items()}
+                out.append({"kernel": name, "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
+                            "shared": k.metadata.shared, "fp_fusion": k.metadata.enable_fp_fusion,
+                            "num_warps": k.metadata.num_warps, "num_stages": k.metadata.num_stages, "mma": mma,
+                            "constexprs": {a: c for a, c in consts.items() if isinstance(c, (int, float, bool, str))}})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU through Triton's interpreter (CI)")
     ap.add_argument("--non-invariant", action="store_true", help="also run bf16 with cuBLAS GEMMs (not batch-invariant)")
+    ap.add_argument("--baseline-docs", type=int, default=8, metavar="N",
+                    help="documents the transformers baselines run over (their rate is per question; default 8)")
     ap.add_argument("--shapes", nargs="*", metavar="SHAPE",
                     help="subset of the shapes (default all): gemma3-12b, qwen3-8b; with --tiny: tiny-gemma3")
     args = ap.parse_args(argv)
@@ -439,15 +467,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         model, sd = build(config, device, 0)
         prepared = workload(config.vocab_size, docs, doc_len, questions, q_len)
+        few = prepared if args.tiny else prepared[:args.baseline_docs]  # rates per question: a subset will do
         baselines: dict[str, Any] = {
-            "kv_reuse": hf_kv_reuse(model, prepared, device),
-            "prompt_per_question": hf_prompt_per_question(model, prepared, device),
+            "kv_reuse": hf_kv_reuse(model, few, device),
+            "prompt_per_question": hf_prompt_per_question(model, few, device),
         }
         # the same documents with 4 extraction questions (12 tokens each; --tiny: 2 of 3 tokens)
         prepared_x, grammars = with_extractions(prepared, config.vocab_size, 2 if args.tiny else 4, q_len,
                                                 3 if args.tiny else 12)
         baselines["extraction_workload"] = (prepared_x, grammars)
-        baselines["kv_reuse_generate"] = hf_kv_reuse_generate(model, prepared_x, grammars, device)
+        baselines["kv_reuse_generate"] = hf_kv_reuse_generate(model, prepared_x if args.tiny else prepared_x[:args.baseline_docs],
+                                                              grammars, device)
         for dtype, kernels in settings:
             plain = {k: baselines[k] for k in ("kv_reuse", "prompt_per_question")}
             given = plain if args.tiny and dtype != "float32" else baselines  # --tiny: extraction once
@@ -456,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         del model, sd
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            print(json.dumps({"check": "compiled_kernels", "shape": name, "kernels": compiled_kernels()}), flush=True)
     print(json.dumps({"check": "done", "seconds": round(time.perf_counter() - t_start, 1)}), flush=True)
     return 0
 
