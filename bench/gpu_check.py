@@ -1,7 +1,7 @@
 """The one script to run on a machine with one NVIDIA GPU: speed, invariance and parity of the GPU
 engine on real model shapes with random weights. Installs nothing, downloads nothing.
 
-    python bench/gpu_check.py                 # Gemma-3-12B and Qwen3-8B shapes, bf16 and fp8 (< 8 min on one H200)
+    python bench/gpu_check.py                 # Qwen3-8B and Gemma-3-12B shapes, bf16 and fp8 (7.3 min on one H200)
     python bench/gpu_check.py --non-invariant # also the same passes with cuBLAS GEMMs (the cost of invariance)
     python bench/gpu_check.py --tiny          # a tiny shape on the CPU through Triton's interpreter (CI runs this)
 
