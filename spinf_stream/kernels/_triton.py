@@ -22,9 +22,14 @@ except ImportError:  # CPU-only install
     triton = None
     tl = None
 
-__all__ = ["HAS_TRITON", "cdiv", "dot_precision", "jit", "tl", "triton"]
+__all__ = ["FP_FUSION", "HAS_TRITON", "cdiv", "dot_precision", "jit", "tl", "triton"]
 
 HAS_TRITON: bool = triton is not None
+
+#: Floating-point contraction (``a * b + c`` as one fused multiply-add) in every kernel, passed
+#: at every launch: it decides the bits, and Triton's default for it changes in 3.10 (on until
+#: 3.9, off after). The interpreter ignores it (numpy rounds each operation).
+FP_FUSION = True
 
 
 def _row_invariant_interpreter_dot() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._triton import jit, tl
+from ._triton import FP_FUSION, jit, tl
 
 __all__ = ["BLOCK_V", "logsumexp", "logsumexp_ref", "logsumexp_triton"]
 
@@ -65,7 +65,7 @@ def logsumexp_triton(x: Tensor) -> Tensor:
     out = torch.empty(R, dtype=torch.float32, device=x.device)
     if R == 0:
         return out
-    _logsumexp_kernel[(R,)](x, out, V, x.stride(0), BLOCK_V=BLOCK_V, num_warps=8)
+    _logsumexp_kernel[(R,)](x, out, V, x.stride(0), BLOCK_V=BLOCK_V, num_warps=8, enable_fp_fusion=FP_FUSION)
     return out
 
 

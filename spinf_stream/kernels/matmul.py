@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._triton import cdiv, dot_precision, jit, tl
+from ._triton import FP_FUSION, cdiv, dot_precision, jit, tl
+from .aot import planned_capability
 
 __all__ = [
     "BLOCK_K", "BLOCK_M", "BLOCK_N", "REF_CHUNK_ROWS", "TileConfig", "matmul", "matmul_ref", "matmul_triton", "tile_config",
@@ -51,17 +52,21 @@ class TileConfig:
 def tile_config(device: torch.device, dtype: torch.dtype, n: int, block_k: int = BLOCK_K) -> TileConfig:
     """The tiles for ``[M, K] @ [K, n]`` of ``dtype`` on ``device`` (never a function of M).
 
-    Half-precision on a GPU: 128 x 256 tiles and 8 warps on Hopper (compute capability 9.x, the
-    shape that keeps its warpgroup MMAs fed), 128 x 128 elsewhere; fp32 (the parity checks) and
-    the interpreter: the small default tile.
+    Half-precision on a GPU: 128 x 256 tiles and 8 warps on Hopper and datacenter Blackwell
+    (compute capability 9.x and 10.x, the shape that keeps their warpgroup and tcgen05 MMAs fed),
+    128 x 128 elsewhere (Ampere, Ada and consumer Blackwell 12.x, whose 99 KiB of shared memory
+    per block and 255 registers per thread the wide tile overflows: bench/kernel_table.py); fp32 (the parity checks) and
+    the interpreter: the small default tile. The GPU is ``device``'s, or the architecture
+    :func:`~spinf_stream.kernels.aot.compiling_for` names.
     """
-    if device.type != "cuda":
+    capability = planned_capability(device)
+    if capability is None:
         wide = n >= 4 * INTERPRETER_BLOCK_N
         return TileConfig(BLOCK_M, INTERPRETER_BLOCK_N if wide else BLOCK_N, block_k, NUM_WARPS, NUM_STAGES)
     if dtype == torch.float32:
         return TileConfig(BLOCK_M, BLOCK_N, block_k, NUM_WARPS, NUM_STAGES)
-    major, _ = torch.cuda.get_device_capability(device)
-    if major >= 9:
+    major, _ = capability
+    if major in (9, 10):
         return TileConfig(128, 256, block_k, 8, 3)
     return TileConfig(128, 128, block_k, 8, 3)
 
@@ -118,7 +123,7 @@ def launch(x: Tensor, w: Tensor, y: Tensor, cfg: TileConfig, scales: tuple[Tenso
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=dot_precision(x.dtype), SCALED=scales is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
     )
 
 

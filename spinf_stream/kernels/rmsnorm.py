@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._triton import cdiv, jit, tl
+from ._triton import FP_FUSION, cdiv, jit, tl
 
 __all__ = ["MAX_BLOCK_H", "rms_norm", "rms_norm_ref", "rms_norm_triton"]
 
@@ -22,7 +22,9 @@ __all__ = ["MAX_BLOCK_H", "rms_norm", "rms_norm_ref", "rms_norm_triton"]
 MAX_BLOCK_H = 4096
 
 
-@jit()
+# T must not become a specialisation key: a variant for "T == 1" (a decode step's one row) or "T
+# divisible by 16" would be a second code path for the same row (bench/kernel_table.py finds them).
+@jit(do_not_specialize=["T"])
 def _rms_norm_kernel(
     X, W, Y,
     T, H, stride_xt, stride_yt,
@@ -101,7 +103,7 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) 
     block_t = _block_t(H)
     _rms_norm_kernel[(cdiv(T, block_t),)](
         x, weight, y, T, H, x.stride(0), y.stride(0), float(eps), float(offset),
-        BLOCK_T=block_t, BLOCK_H=_block_h(H), num_warps=4,
+        BLOCK_T=block_t, BLOCK_H=_block_h(H), num_warps=4, enable_fp_fusion=FP_FUSION,
     )
     return y
 

@@ -43,11 +43,15 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ._triton import dot_precision, jit, tl
+from .aot import planned_capability, shared_memory_limit
+from ._triton import FP_FUSION, dot_precision, jit, tl
 
 __all__ = [
     "BLOCK_M",
     "BLOCK_N",
+    "WIDE_HEAD_BLOCK_N",
+    "keys_per_step",
+    "pipeline_stages",
     "TILE_ROWS",
     "TreeMask",
     "rows_per_block",
@@ -59,15 +63,39 @@ __all__ = [
 # Fixed tiles: TILE_ROWS (query row, head) pairs per program — the BLOCK_R query rows of one
 # block times the query heads that share one KV head (GQA), so a program reads each K/V tile once
 # for all of them — and BLOCK_N keys per step of the online softmax. BLOCK_N sets the reduction
-# order over keys; changing it changes the bits.
+# order over keys; changing it changes the bits. Head dims above 128, and every head dim on
+# datacenter Blackwell, take WIDE_HEAD_BLOCK_N keys: with 64 the kernel spills registers (Hopper,
+# sm_100) or overflows the 99 KiB of shared memory of Ada and consumer Blackwell
+# (bench/kernel_table.py, docs/kernels.md).
 TILE_ROWS = 64
 BLOCK_N = 64
+WIDE_HEAD_BLOCK_N = 32
 #: Query rows per block when every query head has its own KV head (the TreeMask default).
 BLOCK_M = TILE_ROWS
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def keys_per_step(device: torch.device, block_d: int) -> int:
+    """Keys per step of the online softmax for a head dim padded to ``block_d`` on ``device``'s
+    GPU: a function of the model and the kind of GPU only, so a row's reduction order is too."""
+    capability = planned_capability(device)
+    wide = block_d > 128 or (capability is not None and capability[0] == 10)
+    return WIDE_HEAD_BLOCK_N if wide else BLOCK_N
+
+
+def pipeline_stages(device: torch.device, block_d: int, itemsize: int) -> int:
+    """Software-pipeline stages of the attention kernel on ``device``: 2 (K and V tiles loaded
+    ahead) where twice the tiles fit the GPU's shared memory per block, else 1. An upper bound
+    of what 2 stages take: Q's tile once, K's and V's twice, ``(2 * 2 * keys + TILE_ROWS) *
+    block_d * itemsize`` bytes (exact on Hopper; Ampere and Ada take less). Stages change when
+    loads are issued, never the order of any sum: a row's bits do not depend on them.
+    """
+    limit = shared_memory_limit(device)
+    two = (2 * 2 * keys_per_step(device, block_d) + TILE_ROWS) * block_d * itemsize
+    return 2 if limit is None or two <= limit else 1
 
 
 def rows_per_block(group: int) -> int:
@@ -422,10 +450,11 @@ def tree_attention_triton(
         float(D ** -0.5 if scale is None else scale),
         int(window or 0), float(softcap or 1.0),
         R=mask.n_ranges, GROUP=group, GROUP_P2=_next_pow2(group), HEAD_DIM=D, BLOCK_D=block_d,
-        BLOCK_R=block_r, BLOCK_N=BLOCK_N,
+        BLOCK_R=block_r, BLOCK_N=keys_per_step(q.device, block_d),
         USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4 if block_d <= 64 else 8, num_stages=2,
+        num_warps=4 if block_d <= 64 else 8, num_stages=pipeline_stages(q.device, block_d, q.element_size()),
+        enable_fp_fusion=FP_FUSION,
     )
     return out
 

@@ -56,9 +56,10 @@ class TritonBackend(Backend):
 
     @classmethod
     def numerics(cls, device: torch.device, dtype: torch.dtype) -> Numerics:
+        from spinf_stream.kernels._triton import FP_FUSION
         from spinf_stream.kernels.logsumexp import BLOCK_V
         from spinf_stream.kernels.matmul import tile_config
-        from spinf_stream.kernels.tree_attention import BLOCK_N as ATTENTION_KEYS
+        from spinf_stream.kernels.tree_attention import BLOCK_N as ATTENTION_KEYS, WIDE_HEAD_BLOCK_N
 
         narrow, wide = tile_config(device, dtype, 1), tile_config(device, dtype, 1 << 20)
         gemm = f"gemm {narrow.block_m}x{narrow.block_n}x{narrow.block_k}"
@@ -66,12 +67,13 @@ class TritonBackend(Backend):
             from spinf_stream.kernels.matmul import INTERPRETER_BLOCK_N
 
             gemm += f" ({wide.block_m}x{wide.block_n}x{wide.block_k} for N >= {4 * INTERPRETER_BLOCK_N})"
-        tiles = f"{gemm}, attention keys {ATTENTION_KEYS}, lse {BLOCK_V}"
+        tiles = f"{gemm}, attention keys {ATTENTION_KEYS} ({WIDE_HEAD_BLOCK_N} above head dim 128 or on sm_100), lse {BLOCK_V}"
         bits_probe = "not_needed" if cls.invariant_by_construction else "not_run"
         triton = installed_version("triton")
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
-            return Numerics(isa=f"sm_{major}{minor}", library=f"triton {triton}, torch {torch.__version__}",
+            fusion = "on" if FP_FUSION else "off"
+            return Numerics(isa=f"sm_{major}{minor}", library=f"triton {triton} (FMA contraction {fusion}), torch {torch.__version__}",
                             tiles=tiles, bits_probe=bits_probe)
         return Numerics(isa=cpu_isa(), library=f"triton {triton} (interpreter), torch {torch.__version__}",
                         tiles=tiles, bits_probe=bits_probe)
