@@ -67,10 +67,10 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         sliding_window=None)),
 }
 
-#: The activations' dtypes the engine serves on a GPU ("fp8": float8 weights, bf16 activations),
+#: The activations' dtypes the engine serves on a GPU ("fp8", "int8": float8 or int8 weights, bf16 activations),
 #: and float32, which only the parity checks use (IEEE products, no tensor cores), on the models
 #: of :data:`PARITY_MODELS`.
-DTYPES = ("bfloat16", "float16", "fp8", "float32")
+DTYPES = ("bfloat16", "float16", "fp8", "int8", "float32")
 PARITY_MODELS = ("qwen2.5-coder-0.5b", "smollm2-135m")
 
 #: A subset of :data:`MODELS` with every attention kind of the whole list (what CI compiles):
@@ -81,7 +81,7 @@ COVERING = ("gemma3-270m", "gemma3-12b", "gemma3-27b", "qwen3-8b", "qwen2.5-7b",
 
 #: What CI compiles (tests/test_kernel_targets.py): fp16 is bf16's twin (the same tiles and
 #: bytes), float32 serves parity checks only, sm_86 has sm_89's limits without fp8.
-CI_DTYPES = ("bfloat16", "fp8")
+CI_DTYPES = ("bfloat16", "fp8", "int8")
 CI_ARCHS = (80, 89, 90, 100, 120)
 
 
@@ -131,7 +131,7 @@ def variants(name: str, dtype: str, sm: int) -> dict[str, dict[str, Any]]:
     from spinf_stream.models.backend import make_backend
 
     cfg = config(name)
-    act = "fp8" if dtype == "fp8" else getattr(torch, dtype)
+    act = dtype if dtype in ("fp8", "int8") else getattr(torch, dtype)
     decoder = build_decoder(spec_for(cfg), weights(cfg), dtype=act, device="cpu", backend=make_backend("triton"))
     docs = workload(cfg.vocab_size, 3, 40, 3, 5)
     docs, grammars = with_extractions(docs, cfg.vocab_size, 1, 5, 3)

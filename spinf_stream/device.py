@@ -2,7 +2,8 @@
 
 ``auto`` picks CUDA when ``torch.cuda.is_available()``, else the CPU; and bfloat16 on CUDA,
 float32 on the CPU. A choice this machine cannot run (``cuda`` without a visible GPU, ``fp8`` on
-the CPU or on a GPU without fp8 tensor cores, i.e. compute capability below 8.9) raises
+the CPU or on a GPU without fp8 tensor cores, i.e. compute capability below 8.9, ``int8`` on a GPU
+older than Ampere, 8.0) raises
 :class:`~spinf_stream.errors.UsageError` saying what to use instead.
 
 torch is imported on first use only, so that a typo in another flag is reported without it.
@@ -23,7 +24,7 @@ from .errors import UsageError
 from .cpus import compute_threads, usable_cpus
 
 __all__ = [
-    "DEVICE_PATTERN", "DTYPES", "FP8_MIN_CAPABILITY", "Placement", "choose", "describe_runtime", "size_cpu_threads",
+    "DEVICE_PATTERN", "DTYPES", "FP8_MIN_CAPABILITY", "INT8_MIN_CAPABILITY", "Placement", "choose", "describe_runtime", "size_cpu_threads",
     "usable_cpus",
 ]
 
@@ -31,12 +32,14 @@ __all__ = [
 DTYPES: tuple[str, ...] = get_args(DType)
 #: fp8 (e4m3) tensor cores: Ada Lovelace (8.9), Hopper (9.0) and newer
 FP8_MIN_CAPABILITY = (8, 9)
+#: int8 weights with bf16 tensor-core MMA (the W8A16 GEMM): Ampere (8.0) and newer
+INT8_MIN_CAPABILITY = (8, 0)
 
 
 @dataclass(frozen=True)
 class Placement:
     """A resolved choice: ``device`` is ``cpu``, ``cuda`` or ``cuda:N``; ``dtype`` is ``float32``,
-    ``bfloat16`` or ``fp8`` (the name ``Engine.load`` takes)."""
+    ``bfloat16``, ``fp8`` or ``int8`` (the name ``Engine.load`` takes)."""
 
     device: str
     dtype: str
@@ -52,7 +55,7 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
 
     Args:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        dtype: ``auto``, ``float32``, ``bfloat16`` or ``fp8``.
+        dtype: ``auto``, ``float32``, ``bfloat16``, ``fp8`` or ``int8``.
         torch_module: the torch to ask (tests pass a stand-in); default: ``import torch``.
 
     Raises:
@@ -100,11 +103,19 @@ def choose(device: str = "auto", dtype: str = "auto", *, torch_module: Any = Non
             name = torch.cuda.get_device_name(device)
             raise UsageError(
                 f"--dtype fp8 (SPINF_DTYPE): {name} ({device}) has compute capability {cap[0]}.{cap[1]}, "
-                "fp8 tensor cores need 8.9 or newer; use --dtype bfloat16 (or auto)"
+                "fp8 tensor cores need 8.9 or newer; use --dtype int8 (int8 weights) or bfloat16 (or auto)"
             )
-    if dtype == "bfloat16" and on_gpu and not torch.cuda.is_bf16_supported():
+    if dtype == "int8" and on_gpu:
+        cap = tuple(torch.cuda.get_device_capability(device))
+        if cap < INT8_MIN_CAPABILITY:
+            raise UsageError(
+                f"--dtype int8 (SPINF_DTYPE): {torch.cuda.get_device_name(device)} ({device}) has compute capability "
+                f"{cap[0]}.{cap[1]}; the int8-weight GEMM runs bfloat16 tensor cores, 8.0 (Ampere) or newer; "
+                "use --dtype float32"
+            )
+    if dtype in ("bfloat16", "int8") and on_gpu and not torch.cuda.is_bf16_supported():
         raise UsageError(
-            f"--dtype bfloat16 (SPINF_DTYPE): {torch.cuda.get_device_name(device)} has no bfloat16 support; "
+            f"--dtype {dtype} (SPINF_DTYPE): {torch.cuda.get_device_name(device)} has no bfloat16 support; "
             "use --dtype float32"
         )
     # The kernel back end (SPINF_KERNELS) must suit the choice too: found now, not after the

@@ -64,14 +64,25 @@ def test_fp8_on_the_cpu_says_to_use_float32():
         choose("cpu", "fp8", torch_module=CPU_ONLY)
 
 
-def test_fp8_on_a_gpu_without_fp8_tensor_cores_says_to_use_bfloat16():
-    with pytest.raises(UsageError, match=r"A100.* compute capability 8\.0, fp8 tensor cores need 8\.9 .*use --dtype bfloat16"):
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_says_to_use_int8_or_bfloat16():
+    with pytest.raises(UsageError, match=r"A100.* compute capability 8\.0, fp8 tensor cores need 8\.9 .*use --dtype int8 .*bfloat16"):
         choose("cuda", "fp8", torch_module=A100)
 
 
 @pytest.mark.parametrize("machine", [H200, TWO_L4], ids=["hopper", "ada"])
 def test_fp8_is_accepted_on_gpus_with_fp8_tensor_cores(machine):
     assert choose("auto", "fp8", torch_module=machine) == Placement("cuda", "fp8")
+
+
+def test_int8_runs_on_ampere_and_newer_and_on_the_cpu():
+    assert choose("cuda", "int8", torch_module=A100) == Placement("cuda", "int8")
+    assert choose("auto", "int8", torch_module=H200) == Placement("cuda", "int8")
+    assert choose("auto", "int8", torch_module=CPU_ONLY) == Placement("cpu", "int8")
+
+
+def test_int8_on_a_gpu_older_than_ampere_says_to_use_float32():
+    with pytest.raises(UsageError, match=r"--dtype int8 .*V100.* compute capability 7\.0.*8\.0 \(Ampere\).*use --dtype float32"):
+        choose("cuda", "int8", torch_module=V100)
 
 
 def test_bfloat16_on_a_gpu_without_it_says_to_use_float32():

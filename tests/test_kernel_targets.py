@@ -2,14 +2,15 @@
 names (sm_80 to sm_120) at the real shapes of every supported family and shipped model, with no
 GPU: Triton's own compiler, driven by the engine itself (``bench/kernel_table.py``).
 
-CI compiles the models of ``COVERING`` (every attention kind of the whole list) in bf16 and fp8
+CI compiles the models of ``COVERING`` (every attention kind of the whole list) in bf16, fp8 and int8
 for sm_80, 89, 90, 100 and 120 (``CI_ARCHS``, ``CI_DTYPES``: 133 s alone on a 2-core Xeon);
 ``bench/kernel_table.py`` alone does the whole list, fp16, fp32 and sm_86 too (docs/kernels.md).
 Checked for each compiled kernel: shared memory within the architecture's limit; no register
 spills (or a spill listed in ``JUSTIFIED`` with its reason); the architecture's tensor-core
 instructions in every GEMM and attention kernel (``wgmma`` on Hopper, ``tcgen05`` on datacenter
 Blackwell, ``mma.sync`` elsewhere); fp8 tensor-core instructions only where the architecture
-has them; FMA contraction as pinned (``FP_FUSION``), whatever Triton's default. And by
+has them, and the int8-weight GEMM widening its weights to bf16 tensor cores on every
+architecture; FMA contraction as pinned (``FP_FUSION``), whatever Triton's default. And by
 construction: the kernels compiled for a document alone, in a batch and split over passes are
 the same variants (a second variant would be a second code path for one row).
 """
@@ -78,7 +79,7 @@ def test_every_architecture_model_and_dtype_was_compiled(reports: list[dict]) ->
 
     got = {(r["sm"], r["model"], r["dtype"]) for r in reports}
     want = {(sm, m, d) for sm in CI_ARCHS for m in COVERING for d in CI_DTYPES if d != "fp8" or ARCHS[sm].fp8}
-    assert {80, 89, 90, 100, 120} <= set(CI_ARCHS) and {"bfloat16", "fp8"} <= set(CI_DTYPES)
+    assert {80, 89, 90, 100, 120} <= set(CI_ARCHS) and {"bfloat16", "fp8", "int8"} <= set(CI_DTYPES)
     assert got == want
     assert {r["kernel"] for r in reports} == {"_matmul_kernel", "_rms_norm_kernel", "_logsumexp_kernel",
                                              "_tree_attention_kernel"}
@@ -124,8 +125,23 @@ def test_fp8_tensor_cores_exactly_where_the_architecture_has_them(reports: list[
 
     for r in reports:
         assert not r["fp8_mma"] or ARCHS[r["sm"]].fp8, _where(r)
-        fp8_gemm = r["dtype"] == "fp8" and r["kernel"] == "_matmul_kernel" and r["constexprs"].get("SCALED")
+        fp8_gemm = r["dtype"] == "fp8" and r["kernel"] == "_matmul_kernel" and r["constexprs"].get("ROW_SCALES")
         assert r["fp8_mma"] == bool(fp8_gemm), _where(r)
+
+
+def test_int8_weights_are_widened_to_bf16_tensor_cores_on_every_architecture(reports: list[dict]) -> None:
+    """--dtype int8 (W8A16): its linear layers' GEMM takes int8 weights (WIDEN_W) with per-channel
+    scales (COL_SCALES) and no activation scales, on every architecture from sm_80; the MMA
+    family is checked above (bf16 operands: no fp8 instructions)."""
+    from kernel_table import CI_ARCHS
+
+    int8 = [r for r in reports if r["dtype"] == "int8" and r["kernel"] == "_matmul_kernel"]
+    widened = {r["sm"] for r in int8 if r["constexprs"].get("WIDEN_W")}
+    assert widened == set(CI_ARCHS)
+    for r in int8:
+        c = r["constexprs"]
+        assert bool(c.get("WIDEN_W")) == bool(c.get("COL_SCALES")) and not c.get("ROW_SCALES"), _where(r)
+        assert not r["fp8_mma"], _where(r)
 
 
 def test_one_variant_per_kernel_whatever_the_batch(reports: list[dict]) -> None:

@@ -31,6 +31,8 @@ from spinf_stream.kernels import (  # noqa: E402
     logsumexp_triton,
     matmul_fp8_ref,
     matmul_fp8_triton,
+    matmul_int8_ref,
+    matmul_int8_triton,
     quantize_rows,
     matmul,
     matmul_ref,
@@ -178,6 +180,83 @@ def test_matmul_fp8_triton_row_is_bitwise_batch_invariant(triton_run: TritonRunn
     packed = triton_run(matmul_fp8_triton, x, w8, sw)
     for row in (0, 41, 89):
         assert torch.equal(triton_run(matmul_fp8_triton, x[row:row + 1], w8, sw), packed[row:row + 1])
+
+
+# --------------------------------------------------------------------------- int8 matmul (W8A16)
+
+
+def _int8_weights(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from spinf_stream.models import quantize_int8
+
+    w = torch.randn(n, k, generator=_gen(seed)) / 10
+    w[3] = 0.0  # an all-zero channel: a tiny scale, zeros, no division by zero
+    q = quantize_int8(w)
+    return w, q.data, q.scale
+
+
+def test_int8_weight_quantization_is_the_symmetric_per_channel_rounding() -> None:
+    """Against the definition, in float64: s[n] = max|w[n]| / 127, q = round-half-even(w / s)."""
+    w, q, s = _int8_weights(96, 130, 30)
+    wd = w.double()
+    want_s = wd.abs().amax(dim=1) / 127
+    assert torch.allclose(s.double(), want_s.clamp(min=1e-12 / 127), rtol=1e-6, atol=0)
+    want_q = torch.round(wd / s.double()[:, None])
+    assert q.dtype == torch.int8 and torch.equal(q.double(), want_q)
+    assert bool(((q.double() * s.double()[:, None] - wd).abs() <= s.double()[:, None] / 2 * (1 + 1e-6)).all())
+    assert torch.equal(q[torch.arange(96) != 3].abs().amax(dim=1), torch.full((95,), 127, dtype=torch.int8))
+    assert not q[3].any()
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(70, 150, 130), (1, 136, 72), (65, 9, 200)])
+def test_matmul_int8_triton_matches_the_dequantized_product(triton_run: TritonRunner, m: int, n: int, k: int) -> None:
+    """The W8A16 GEMM against its definition, x @ (q * s).T in float64 (int8 values and their
+    products with fp32 values are exact in float64), and against its torch twin; ragged M, N, K."""
+    x = torch.randn(m, k, generator=_gen(31)) * 2
+    _, q, s = _int8_weights(n, k, 32)
+    want = x.double() @ (q.double() * s.double()[:, None]).t()
+    got = triton_run(matmul_int8_triton, x, q, s)
+    assert got.dtype == x.dtype
+    _close(got, want, rtol=1e-5, atol=1e-5)
+    _close(matmul_int8_ref(x, q, s), want, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_int8_ref_in_bfloat16_rounds_once_from_the_fp32_product() -> None:
+    """The twin in bf16 (the pass's dtype): the fp32 product and scale, rounded once to bf16."""
+    x = (torch.randn(40, 96, generator=_gen(33)) * 2).to(torch.bfloat16)
+    _, q, s = _int8_weights(50, 96, 34)
+    want = (x.double() @ (q.double() * s.double()[:, None]).t()).to(torch.bfloat16)
+    got = matmul_int8_ref(x, q, s)
+    assert got.dtype == torch.bfloat16
+    # one bf16 rounding of a value within fp32 summation error of the exact one: at most 1 ulp apart
+    assert bool(((got.float() - want.float()).abs() <= want.float().abs() * 2.0**-7 + 1e-6).all())
+
+
+def test_matmul_int8_triton_row_is_bitwise_batch_invariant(triton_run: TritonRunner) -> None:
+    x = torch.randn(90, 72, generator=_gen(35))
+    _, q, s = _int8_weights(136, 72, 36)
+    packed = triton_run(matmul_int8_triton, x, q, s)
+    for row in (0, 41, 89):
+        assert torch.equal(triton_run(matmul_int8_triton, x[row:row + 1], q, s), packed[row:row + 1])
+    assert torch.equal(triton_run(matmul_int8_triton, x.flip(0), q, s), packed.flip(0))
+
+
+def test_matmul_int8_ref_row_is_bitwise_batch_invariant() -> None:
+    x = torch.randn(150, 72, generator=_gen(37)).to(torch.bfloat16)
+    _, q, s = _int8_weights(136, 72, 38)
+    packed = matmul_int8_ref(x, q, s)
+    for row in (0, 63, 64, 149):
+        assert torch.equal(matmul_int8_ref(x[row:row + 1], q, s), packed[row:row + 1])
+
+
+@pytest.mark.parametrize(("x", "q", "s"), [
+    (torch.zeros(2, 8), torch.zeros(4, 8), torch.ones(4)),  # float weights: not int8
+    (torch.zeros(2, 8), torch.zeros(4, 9, dtype=torch.int8), torch.ones(4)),  # K mismatch
+    (torch.zeros(2, 8), torch.zeros(4, 8, dtype=torch.int8), torch.ones(3)),  # one scale per row
+    (torch.zeros(2, 8, dtype=torch.int8), torch.zeros(4, 8, dtype=torch.int8), torch.ones(4)),  # int activations
+])
+def test_matmul_int8_refuses_bad_operands(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="matmul_int8"):
+        matmul_int8_ref(x, q, s)
 
 
 # --------------------------------------------------------------------------- logsumexp

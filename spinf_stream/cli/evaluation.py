@@ -42,6 +42,7 @@ import numpy as np
 import orjson
 
 from spinf_stream import calibration as cal
+from spinf_stream.config import QUANTIZED_DTYPES as QUANTIZED
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.engine.results import ExtractionScore
 from spinf_stream.labelled import Expected, LabelledRow, LabelledSet, read_labelled
@@ -151,7 +152,7 @@ class ModelHandle:
     """A model reference, resolved at once and loaded only when something must be scored.
 
     ``dtype``/``device``: as chosen by :func:`spinf_stream.device.choose` (``float32``,
-    ``bfloat16``, ``float16`` or ``fp8``; ``cpu``, ``cuda``, ``cuda:N``). The raw logprobs are
+    ``bfloat16``, ``float16``, ``fp8`` or ``int8``; ``cpu``, ``cuda``, ``cuda:N``). The raw logprobs are
     cached per model weights, dtype and device (``cache_key``).
     """
 
@@ -189,7 +190,7 @@ class ModelHandle:
 
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(self.name).name)
         dev = torch.device(self.device)
-        act = torch.bfloat16 if self.dtype == "fp8" else getattr(torch, self.dtype)
+        act = torch.bfloat16 if self.dtype in QUANTIZED else getattr(torch, self.dtype)
         n = numerics.describe(dev, choose(dev, self.kernels, self.dtype), act)
         tag = hashlib.sha256(f"{n.isa}|{n.library}|{n.tiles}".encode()).hexdigest()[:8]
         return f"{safe}-{self.identity.weights_sha256[:16]}-{self.dtype}-{dev.type}-{tag}"
@@ -205,13 +206,13 @@ class ModelHandle:
             from spinf_stream.models import load_decoder
 
             by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
-            dtype = self.dtype if self.dtype == "fp8" else by_name[self.dtype]
+            dtype = self.dtype if self.dtype in QUANTIZED else by_name[self.dtype]
             decoder = load_decoder(self.resolved.path, dtype=dtype, device=self.device, kernels=self.kernels)
             self._loaded = (decoder, AutoTokenizer.from_pretrained(str(self.resolved.path)))
         decoder, tokenizer = self._loaded
         return Engine(
             decoder, tokenizer, pack, self.name, token_budget,
-            model_sha256=self.resolved.weights_sha256, dtype_name="fp8" if self.dtype == "fp8" else None,
+            model_sha256=self.resolved.weights_sha256, dtype_name=self.dtype if self.dtype in QUANTIZED else None,
             allow_unstable_bits=self.allow_unstable_bits, calibration=calibration,
         )
 

@@ -64,7 +64,9 @@ class ModelRef(BaseModel):
         "*.safetensors in name order); null when the engine was built from tensors in memory.",
     )
     device: Literal["cpu", "cuda"]
-    dtype: Literal["float32", "bfloat16", "float16", "fp8"] = Field(description="Weights and activations.")
+    dtype: Literal["float32", "bfloat16", "float16", "fp8", "int8"] = Field(
+        description="Weights and activations (fp8, int8: linear weights quantized per output channel, the rest bfloat16).",
+    )
     kernels: Literal["torch", "triton", "cublas"] = Field(
         description="torch ops, the project's Triton kernels, or (SPINF_KERNELS=cublas, not batch-invariant) "
         "cuBLAS GEMMs with the Triton kernels elsewhere.",

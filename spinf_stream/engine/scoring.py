@@ -21,7 +21,7 @@ from spinf_stream.engine.layout import preamble_pass
 from spinf_stream.messages import Message, has_visible_content
 from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
-from spinf_stream.models import Decoder, load_decoder
+from spinf_stream.models import QUANTIZED, Decoder, load_decoder
 from spinf_stream.models.decoder import LayerKV
 from spinf_stream.engine.decoding import ExtractionResult, Grammars
 from spinf_stream.engine.runner import RunStats, run_passes
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: dtype names written in records (``fp8`` is named by ``Engine.load``'s caller)
+#: dtype names written in records (``fp8`` and ``int8`` are named by ``Engine.load``'s caller)
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -61,7 +61,7 @@ class Engine:
         pack: the validated pack. model_name: the name written in records.
         token_budget: tokens per forward pass (default 16,384).
         model_sha256: the weights' sha256 written in records (``ResolvedModel.weights_sha256``).
-        dtype_name: the dtype written in records; default: the decoder's (``fp8`` must be named).
+        dtype_name: the dtype written in records; default: the decoder's (``fp8``, ``int8`` must be named).
         special_tokens_in_fields: ``"plain"`` (special-token text in message fields is plain
             text) or ``"parse"`` (the tokenizer's default: control tokens); ``None`` = the pack's
             ``special_tokens_in_fields`` (see :mod:`spinf_stream.engine.tokenizer`).
@@ -128,8 +128,8 @@ class Engine:
     ) -> Engine:
         """Resolve ``model`` (alias, HF directory or GGUF file) and ``pack`` (path or name), load.
 
-        ``dtype``: a torch dtype or its name (``float32``, ``bfloat16``, ``float16``), or ``fp8``
-        (linear weights in float8 e4m3, the rest bfloat16; see
+        ``dtype``: a torch dtype or its name (``float32``, ``bfloat16``, ``float16``), ``fp8`` or
+        ``int8`` (linear weights in float8 e4m3 or int8, the rest bfloat16; see
         :func:`spinf_stream.models.build_decoder`); ``device``: a torch device (``cpu``, ``cuda``,
         ``cuda:N``) — check both first with :func:`spinf_stream.device.choose`; ``kernels``: the
         back end (default: Triton on CUDA, torch on CPU unless ``SPINF_KERNELS=triton``).
@@ -149,10 +149,10 @@ class Engine:
         from spinf_stream import calibration as cal
         from spinf_stream.models.resolve import resolve
 
-        if isinstance(dtype, str) and dtype != "fp8":
+        if isinstance(dtype, str) and dtype not in QUANTIZED:
             by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
             if dtype not in by_name:
-                raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join([*by_name, 'fp8'])}")
+                raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join([*by_name, *QUANTIZED])}")
             dtype = by_name[dtype]
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
@@ -161,7 +161,7 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
         return cls(
             decoder, tokenizer, pk, resolved.name, token_budget, special_tokens_in_fields,
-            model_sha256=resolved.weights_sha256, dtype_name="fp8" if dtype == "fp8" else None,
+            model_sha256=resolved.weights_sha256, dtype_name=dtype if dtype in QUANTIZED else None,
             calibration=chosen, allow_unstable_bits=allow_unstable_bits,
         )
 

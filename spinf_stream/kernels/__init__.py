@@ -15,6 +15,7 @@ from __future__ import annotations
 from .logsumexp import logsumexp, logsumexp_ref, logsumexp_triton
 from .matmul import matmul, matmul_ref, matmul_triton
 from .matmul_fp8 import matmul_fp8, matmul_fp8_ref, matmul_fp8_triton, quantize_rows
+from .matmul_int8 import matmul_int8, matmul_int8_ref, matmul_int8_triton
 from .rmsnorm import rms_norm, rms_norm_ref, rms_norm_triton
 from .tree_attention import TreeMask, rows_per_block, tree_attention, tree_attention_ref, tree_attention_triton
 
@@ -29,6 +30,9 @@ __all__ = [
     "matmul_fp8",
     "matmul_fp8_ref",
     "matmul_fp8_triton",
+    "matmul_int8",
+    "matmul_int8_ref",
+    "matmul_int8_triton",
     "quantize_rows",
     "rms_norm",
     "rms_norm_ref",

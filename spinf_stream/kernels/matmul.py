@@ -82,9 +82,11 @@ def _matmul_kernel(
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SCALED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROW_SCALES: tl.constexpr, COL_SCALES: tl.constexpr, WIDEN_W: tl.constexpr,
 ):
-    # SCALED (the fp8 GEMM): multiply the fp32 result by a per-row XS[m] and per-column WS[n].
+    # ROW_SCALES / COL_SCALES (the quantized GEMMs): multiply the fp32 result by a per-row XS[m]
+    # and by a per-column WS[n]. WIDEN_W: W is int8, widened to X's dtype in registers before the
+    # dot (int8 values are exact in bf16, fp16 and fp32).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -104,25 +106,34 @@ def _matmul_kernel(
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(W + offs_n[:, None] * stride_wn + kk[None, :] * stride_wk,
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if WIDEN_W:
+            w = w.to(X.dtype.element_ty)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    if SCALED:
-        acc = acc * tl.load(XS + offs_m, mask=m_ok, other=0.0)[:, None] * tl.load(WS + offs_n, mask=n_ok, other=0.0)[None, :]
+    if ROW_SCALES:
+        acc = acc * tl.load(XS + offs_m, mask=m_ok, other=0.0)[:, None]
+    if COL_SCALES:
+        acc = acc * tl.load(WS + offs_n, mask=n_ok, other=0.0)[None, :]
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn,
              acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def launch(x: Tensor, w: Tensor, y: Tensor, cfg: TileConfig, scales: tuple[Tensor, Tensor] | None = None) -> None:
-    """Run the fixed-tile kernel: ``y = x @ w.T`` (times ``scales[0][:, None] * scales[1]`` when
-    given), ``x [M, K]``, ``w [N, K]``, ``y [M, N]``; tiles from ``cfg``."""
+def launch(
+    x: Tensor, w: Tensor, y: Tensor, cfg: TileConfig, row_scales: Tensor | None = None, col_scales: Tensor | None = None,
+) -> None:
+    """Run the fixed-tile kernel: ``y = x @ w.T`` (times ``row_scales[:, None]`` and
+    ``col_scales[None, :]`` when given, fp32 ``[M]`` and ``[N]``), ``x [M, K]``, ``w [N, K]``
+    (``x``'s dtype, or int8), ``y [M, N]``; tiles from ``cfg``."""
     M, K = x.shape
     N = w.shape[0]
-    xs, ws = scales if scales is not None else (y, y)  # unread when not SCALED
+    xs = y if row_scales is None else row_scales  # unread without ROW_SCALES
+    ws = y if col_scales is None else col_scales  # unread without COL_SCALES
     grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n))
     _matmul_kernel[grid](
         x, w, y, xs, ws, M, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        DOT_PRECISION=dot_precision(x.dtype), SCALED=scales is not None,
+        DOT_PRECISION=dot_precision(x.dtype), ROW_SCALES=row_scales is not None, COL_SCALES=col_scales is not None,
+        WIDEN_W=w.dtype != x.dtype,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
     )
 

@@ -71,7 +71,7 @@ def matmul_fp8_triton(x: Tensor, w8: Tensor, sw: Tensor) -> Tensor:
     if M == 0 or N == 0:
         return y
     x8, sx = quantize_rows(x)
-    launch(x8, w8, y, tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K), (sx, sw.float().contiguous()))
+    launch(x8, w8, y, tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K), sx, sw.float().contiguous())
     return y
 
 

@@ -23,7 +23,8 @@ class ModelLoadError(RuntimeError):
 
 
 def check_hf_dir(path: Path) -> None:
-    """Raise ModelLoadError unless ``path`` holds config, safetensors weights and a tokenizer."""
+    """Raise ModelLoadError unless ``path`` holds config, safetensors weights and a tokenizer, and
+    any ``quantization_config`` is one :mod:`spinf_stream.models.int4_checkpoints` reads."""
     problems = []
     if not (path / "config.json").is_file():
         problems.append("no config.json")
@@ -35,6 +36,12 @@ def check_hf_dir(path: Path) -> None:
         problems.append(f"no tokenizer files (one of {', '.join(_TOKENIZER_FILES)})")
     if problems:
         raise ModelLoadError(f"{path} is not a Hugging Face model directory: {'; '.join(problems)}")
+    from .int4_checkpoints import int4_format
+
+    try:
+        int4_format(path / "config.json")  # a quantization_config we cannot read: refused now, naming the key
+    except ValueError as exc:  # json.JSONDecodeError
+        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
 
 
 def check_gguf_file(path: Path) -> Path:

@@ -13,14 +13,9 @@ import torch
 from spinf_stream.engine.layout import PassLayout
 from . import blocks
 from .attention import KV
-from .ops import Backend, QuantizedWeight, Weight
+from .ops import Backend, Weight, weight_rows
 from .spec import ModelSpec
 from .torch_backend import TorchBackend
-
-
-def _rows(w: Weight, t: slice) -> Weight:
-    """Output rows ``t`` of a linear layer's weight ``[N, K]`` (a view)."""
-    return QuantizedWeight(w.data[t], w.scale[t]) if isinstance(w, QuantizedWeight) else w[t]
 
 
 @dataclass
@@ -170,7 +165,7 @@ class Decoder:
               scratch: blocks.Scratch | None) -> None:
         """``dst[:, t] = h @ w[t].T + bias[t]``: ``h [n, K]``, ``w [N, K]``, ``dst [n, N]``."""
         buf = None if scratch is None else scratch.get("tile", (h.shape[0], t.stop - t.start), h)
-        dst[:, t] = self.backend.linear(h, _rows(w, t), None if bias is None else bias[t], out=buf)
+        dst[:, t] = self.backend.linear(h, weight_rows(w, t), None if bias is None else bias[t], out=buf)
 
     def _project(self, h: torch.Tensor, w: Weight, bias: torch.Tensor | None, dst: torch.Tensor,
                  scratch: blocks.Scratch | None) -> torch.Tensor:
@@ -189,8 +184,8 @@ class Decoder:
         n, width, inter = h.shape[0], t.stop - t.start, lw.gate_up.shape[0] // 2
         gate = None if scratch is None else scratch.get("mlp.gate", (n, width), h)
         up = None if scratch is None else scratch.get("mlp.up", (n, width), h)
-        gate = self.backend.linear(h, _rows(lw.gate_up, t), out=gate)
-        up = self.backend.linear(h, _rows(lw.gate_up, slice(inter + t.start, inter + t.stop)), out=up)
+        gate = self.backend.linear(h, weight_rows(lw.gate_up, t), out=gate)
+        up = self.backend.linear(h, weight_rows(lw.gate_up, slice(inter + t.start, inter + t.stop)), out=up)
         act = None if scratch is None else scratch.get("mlp.act", (n, width), h)
         dst[:, t] = blocks.activation(gate, self.spec.activation, out=act).mul_(up)
 

@@ -1,7 +1,7 @@
 """Loading a checkpoint as a :class:`~spinf_stream.models.decoder.Decoder`.
 
 The state dict by
-transformers' names, the layers assembled for the spec, fp8 quantization on load."""
+transformers' names, the layers assembled for the spec, fp8 or int8 quantization on load."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ import torch
 
 from .backend import choose, make_backend
 from .decoder import Decoder, LayerWeights
+from spinf_stream.config import QUANTIZED_DTYPES
+from .int4_checkpoints import dequantize_state_dict, int4_format
 from .ops import Backend, QuantizedWeight, Weight
 from .registry import spec_for
 from .spec import ModelSpec
 
 #: Largest normal float8 e4m3 value (OCP 8-bit floating point spec, 2023).
 FP8_MAX = 448.0
+#: Largest int8 magnitude of the symmetric int8 weights.
+INT8_MAX = 127
+#: ``dtype`` names whose linear weights are quantized on load (the rest of the pass in bfloat16).
+QUANTIZED = QUANTIZED_DTYPES
 
 
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -54,20 +60,30 @@ def quantize_fp8(weight: torch.Tensor) -> QuantizedWeight:
     return QuantizedWeight(data.contiguous(), scale.contiguous())
 
 
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """int8 weights with one scale per output channel (symmetric): ``scale[n] = max|w[n]| / 127``,
+    ``data = round(w / scale)`` in [-127, 127]. ``weight [N, K]`` any float dtype."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX
+    data = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return QuantizedWeight(data.contiguous(), scale.contiguous())
+
+
 def build_decoder(
     spec: ModelSpec, sd: dict[str, torch.Tensor], *, dtype: torch.dtype | str, device: str | torch.device,
     backend: Backend | None = None,
 ) -> Decoder:
     """Assemble a :class:`Decoder` from a transformers-named state dict.
 
-    ``dtype``: a torch float dtype, or ``"fp8"``: the linear layers' weights in float8 e4m3 with
-    per-output-channel scales (:func:`quantize_fp8`), everything else in bfloat16.
+    ``dtype``: a torch float dtype, ``"fp8"`` or ``"int8"``: the linear layers' weights in float8
+    e4m3 or int8 with per-output-channel scales (:func:`quantize_fp8`, :func:`quantize_int8`),
+    everything else in bfloat16.
 
     Raises:
         KeyError: a weight the spec needs is missing (names it).
     """
-    fp8 = dtype == "fp8"
-    act_dtype = torch.bfloat16 if fp8 else dtype
+    quantize = {"fp8": quantize_fp8, "int8": quantize_int8}.get(dtype) if isinstance(dtype, str) else None
+    act_dtype = torch.bfloat16 if quantize else dtype
 
     def get(name: str) -> torch.Tensor:
         if name not in sd:
@@ -78,13 +94,13 @@ def build_decoder(
         return get(name) if name in sd else None
 
     def mat(*names: str) -> Weight:
-        """One linear layer's weight (stacked when several names), quantized for fp8."""
+        """One linear layer's weight (stacked when several names), quantized for fp8 and int8."""
         for n in names:
             if n not in sd:
                 raise KeyError(f"checkpoint has no weight {n!r}")
         w = torch.cat([sd[n] for n in names]) if len(names) > 1 else sd[names[0]]
-        if fp8:
-            return quantize_fp8(w.to(device))
+        if quantize:
+            return quantize(w.to(device))
         return w.to(device=device, dtype=act_dtype).contiguous()
 
     layers = []
@@ -125,14 +141,24 @@ def load_decoder(
     ``threads``: the torch back end's compute workers (default
     :func:`spinf_stream.cpus.compute_threads`).
 
+    A GPTQ or AWQ int4 checkpoint (``quantization_config``) is dequantized on load
+    (:mod:`spinf_stream.models.int4_checkpoints`).
+
     Raises:
         UnsupportedModel: unknown family. FileNotFoundError: no weights. KeyError: missing weight.
-        ValueError: a back end that cannot run on ``device``.
+        ValueError: a back end that cannot run on ``device``. ModelLoadError: a
+        ``quantization_config`` that is not read here (names the key), or packed tensors that do
+        not fit together.
     """
     from transformers import AutoConfig
 
     path = Path(path)
     backend = make_backend(choose(device, kernels, dtype), threads=threads)
+    int4 = int4_format(path / "config.json")  # before the weights: a config we cannot read fails fast
     config = AutoConfig.from_pretrained(str(path))
     spec = spec_for(config)
-    return build_decoder(spec, _load_state_dict(path), dtype=dtype, device=device, backend=backend)
+    sd = _load_state_dict(path)
+    if int4 is not None:
+        # GPTQ/AWQ: unpacked and dequantized exactly, kept in the pass's weight dtype
+        sd = dequantize_state_dict(sd, int4, dtype if isinstance(dtype, torch.dtype) else torch.bfloat16)
+    return build_decoder(spec, sd, dtype=dtype, device=device, backend=backend)

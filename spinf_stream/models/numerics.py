@@ -36,7 +36,7 @@ import torch
 from . import attention as attn
 from .backend import backend_class
 from .libraries import blas, blas_threads
-from .ops import Numerics
+from .ops import Numerics, Weight, weight_rows
 from .torch_backend import DECODE_ROWS, HEAD_COLUMNS, HEAD_ROWS, ROW_CHUNK, TorchBackend
 
 if TYPE_CHECKING:
@@ -75,25 +75,23 @@ class ProbeReport:
     seconds: float
 
 
-def _shapes(decoder: Decoder) -> list[tuple[str, torch.Tensor, torch.Tensor | None, int]]:
-    """``(label, weight tile [N, K], bias, rows)`` of every distinct GEMM shape of layer 0's
+def _shapes(decoder: Decoder) -> list[tuple[str, Weight, torch.Tensor | None, int]]:
+    """``(label, weight tile [N, K] (quantized ones too), bias, rows)`` of every distinct GEMM shape of layer 0's
     linear layers (their column tiles, at the prefill's and the decode steps' row chunks) and of
     the LM head."""
     lw = decoder.layers[0]
     inter = lw.gate_up.shape[0] // 2
     layers = (("q/k/v projection", lw.qkv, lw.qkv_bias, 0), ("attention output", lw.o, None, 0),
               ("MLP gate/up", lw.gate_up, None, inter), ("MLP down", lw.down, None, 0))
-    out: list[tuple[str, torch.Tensor, torch.Tensor | None, int]] = []
+    out: list[tuple[str, Weight, torch.Tensor | None, int]] = []
     seen: set[tuple[int, int, int]] = set()
     for label, w, bias, width in layers:
-        if not isinstance(w, torch.Tensor):
-            continue
         for t in decoder.backend.column_tiles(width or w.shape[0]):
             for rows in (ROW_CHUNK, DECODE_ROWS):
                 key = (t.stop - t.start, w.shape[1], rows)
                 if key not in seen:
                     seen.add(key)
-                    out.append((label, w[t], None if bias is None else bias[t], rows))
+                    out.append((label, weight_rows(w, t), None if bias is None else bias[t], rows))
     head, vocab = decoder.lm_head, decoder.lm_head.shape[0]
     out.append(("LM head tile", head[: min(HEAD_COLUMNS, vocab)], None, HEAD_ROWS))
     if vocab > HEAD_COLUMNS and vocab % HEAD_COLUMNS:
@@ -152,10 +150,13 @@ def probe(decoder: Decoder, *, seed: int = 0) -> ProbeReport:
     checks: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], int, int, torch.dtype]] = []
     for label, w, bias, rows in _shapes(decoder):
         n, k = w.shape
-        # the engine's own call: the GEMM written into a buffer (Decoder._tile, the LM head's tiles)
-        checks.append((f"{label} [{rows}, {k}] @ [{k}, {n}]",
+        # the engine's own call: the GEMM written into a buffer (Decoder._tile, the LM head's tiles);
+        # a quantized weight's activations are the pass's (the final norm's dtype)
+        act = w.dtype if isinstance(w, torch.Tensor) else decoder.final_norm.dtype
+        kind = "" if isinstance(w, torch.Tensor) else f" ({w.data.dtype} weights)"
+        checks.append((f"{label}{kind} [{rows}, {k}] @ [{k}, {n}]",
                        lambda x, w=w, bias=bias: backend.linear(x, w, bias, out=x.new_empty(x.shape[0], w.shape[0])),
-                       rows, k, w.dtype))
+                       rows, k, act))
     checks.extend((label, f, rows, k, torch.float32) for label, f, rows, k in _attention_shapes(decoder))
     gen = torch.Generator().manual_seed(seed)
     for label, f, rows, k, dtype in checks:

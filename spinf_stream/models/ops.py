@@ -30,8 +30,9 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A linear layer's weight in float8 (e4m3) with one fp32 scale per output channel:
-    ``weight ≈ data.float() * scale[:, None]``. ``data [N, K]`` float8_e4m3fn, ``scale [N]`` fp32."""
+    """A linear layer's weight quantized with one fp32 scale per output channel:
+    ``weight ≈ data.float() * scale[:, None]``. ``data [N, K]`` float8_e4m3fn (``--dtype fp8``) or
+    int8 (``--dtype int8``), ``scale [N]`` fp32."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -42,6 +43,11 @@ class QuantizedWeight:
 
 
 Weight = torch.Tensor | QuantizedWeight
+
+
+def weight_rows(w: Weight, t: slice) -> Weight:
+    """Output rows ``t`` of a linear layer's weight ``[N, K]`` (a view; a quantized weight's scales too)."""
+    return QuantizedWeight(w.data[t], w.scale[t]) if isinstance(w, QuantizedWeight) else w[t]
 
 
 @dataclass(frozen=True)

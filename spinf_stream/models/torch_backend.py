@@ -118,9 +118,10 @@ class TorchBackend(Backend):
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
-            from spinf_stream.kernels import matmul_fp8_ref
+            from spinf_stream.kernels import matmul_fp8_ref, matmul_int8_ref
 
-            y = matmul_fp8_ref(x, weight.data, weight.scale)
+            ref = matmul_int8_ref if weight.data.dtype == torch.int8 else matmul_fp8_ref
+            y = ref(x, weight.data, weight.scale)
             return y if bias is None else y + bias
         return blocks.linear(x, weight, bias, out)
 

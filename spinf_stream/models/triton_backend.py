@@ -82,9 +82,10 @@ class TritonBackend(Backend):
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
-            from spinf_stream.kernels import matmul_fp8_triton
+            from spinf_stream.kernels import matmul_fp8_triton, matmul_int8_triton
 
-            y = matmul_fp8_triton(x, weight.data, weight.scale)
+            quantized = matmul_int8_triton if weight.data.dtype == torch.int8 else matmul_fp8_triton
+            y = quantized(x, weight.data, weight.scale)
         else:
             y = self._matmul(x, weight)
         return y if bias is None else y + bias
