@@ -1,7 +1,7 @@
 """The one script to run on a machine with one NVIDIA GPU: speed, invariance and parity of the GPU
 engine on real model shapes with random weights. Installs nothing, downloads nothing.
 
-    python bench/gpu_check.py                 # Qwen3-8B and Gemma-3-12B shapes, bf16 and fp8 (7.3 min on one H200)
+    python bench/gpu_check.py                 # Qwen3-8B and Gemma-3-12B shapes, bf16, fp8 and int8 (7.3 min on one H200 before int8)
     python bench/gpu_check.py --non-invariant # also the same passes with cuBLAS GEMMs (the cost of invariance)
     python bench/gpu_check.py --tiny          # a tiny shape on the CPU through Triton's interpreter (CI runs this)
 
@@ -11,6 +11,11 @@ are needed. Models: random-weight Gemma-3-12B text (hidden 3840, 48 layers, 16 q
 head dim 256, MLP 15360, vocab 262144, sliding window 1024 on 5 of 6 layers) and Qwen3-8B (hidden
 4096, 36 layers, 32 / 8 heads, head dim 128, MLP 12288, vocab 151936, q/k norms), built with
 transformers' own classes so the baselines run the same weights.
+
+The first line names the device, its architecture as the CI compile check knows it
+(``kernels.aot.ARCHS``: shared memory limit, tensor-core family, fp8) and the kernel libraries;
+after each shape, one line gives the kernels the run compiled, read as that check reads them.
+int8 (``--dtype int8``: int8 weights, bf16 MMA) runs on any GPU of compute capability 8.0 or more.
 
 First a small fp32 parity check of the Triton path against the torch path on the GPU. Then one
 JSON line per (shape, setting): questions/s, tokens/s, achieved TFLOP/s and MFU against a GEMM
@@ -291,7 +296,7 @@ def build(config: Any, device: torch.device, seed: int) -> tuple[Any, dict[str, 
 
 
 def decoder_for(config: Any, sd: dict[str, torch.Tensor], dtype: str, device: torch.device, kernels: str) -> Decoder:
-    torch_dtype: torch.dtype | str = "fp8" if dtype == "fp8" else getattr(torch, dtype)
+    torch_dtype: torch.dtype | str = dtype if dtype in ("fp8", "int8") else getattr(torch, dtype)
     return build_decoder(spec_for(config), sd, dtype=torch_dtype, device=device, backend=make_backend(kernels))
 
 
@@ -392,10 +397,13 @@ def run_setting(
 
 
 def compiled_kernels() -> list[dict[str, Any]]:
-    """Every Triton kernel compiled in this process so far, as the driver loaded it: registers per
-    thread, register spills (bytes of local memory), shared memory per block (bytes), the
-    constexprs and launch options, and the tensor-core instruction family found in its PTX."""
+    """Every Triton kernel compiled in this process so far, read as tests/test_kernel_targets.py
+    reads the kernels it compiles (``spinf_stream.kernels.aot.inspect``: registers per thread and
+    spilled bytes from ``cuobjdump -res-usage``, shared memory per block, constexprs, launch
+    options, FMA contraction, tensor-core family and fp8 MMA from the PTX)."""
     import importlib
+
+    from spinf_stream.kernels.aot import inspect
 
     out = []
     for mod, name in (("matmul", "_matmul_kernel"), ("rmsnorm", "_rms_norm_kernel"),
@@ -404,17 +412,22 @@ def compiled_kernels() -> list[dict[str, Any]]:
         for caches in getattr(fn, "device_caches", {}).values():
             for k in caches[0].values():
                 try:
-                    k._init_handles()  # loaded already when it ran; sets n_regs and n_spills
-                except Exception:  # noqa: BLE001 - compiled for another GPU (tests): no counts
-                    pass
-                ptx = k.asm.get("ptx", "")
-                mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "tcgen05" if "tcgen05" in ptx else "none"
-                consts = {fn.arg_names[p[0]]: v for p, v in getattr(getattr(k, "src", None), "constants", {}).items()}
-                out.append({"kernel": name, "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
-                            "shared": k.metadata.shared, "fp_fusion": k.metadata.enable_fp_fusion,
-                            "num_warps": k.metadata.num_warps, "num_stages": k.metadata.num_stages, "mma": mma,
-                            "constexprs": {a: c for a, c in consts.items() if isinstance(c, (int, float, bool, str))}})
+                    out.append(dataclasses.asdict(inspect(k)))
+                except Exception as e:  # noqa: BLE001 - one unreadable kernel must not end the check
+                    out.append({"kernel": name, "error": f"{type(e).__name__}: {e}"})
     return out
+
+
+def architecture(capability: tuple[int, int]) -> dict[str, Any]:
+    """The device's architecture as the CI compile check knows it (``kernels.aot.ARCHS``): what
+    its kernels must fit and use; ``known: false`` for one the check does not compile for."""
+    from spinf_stream.kernels.aot import ARCHS
+
+    sm = capability[0] * 10 + capability[1]
+    a = ARCHS.get(sm)
+    if a is None:
+        return {"sm": sm, "known": False}
+    return {"sm": sm, "known": True, "name": a.name, "shared_limit_bytes": a.shared_limit, "mma": a.mma, "fp8": a.fp8}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,11 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     info = {"check": "environment", "torch": torch.__version__, "triton": triton.__version__, "device": str(device)}
-    fp8_ok = True
+    fp8_ok = int8_ok = True
     if device.type == "cuda":
         cc = torch.cuda.get_device_capability(device)
-        info.update(gpu=torch.cuda.get_device_name(device), capability=f"{cc[0]}.{cc[1]}")
+        info.update(gpu=torch.cuda.get_device_name(device), capability=f"{cc[0]}.{cc[1]}", arch=architecture(cc))
         fp8_ok = cc >= (8, 9)
+        int8_ok = cc >= (8, 0)
     from spinf_stream.models.numerics import describe
 
     n = describe(device, "triton", torch.float32 if args.tiny else torch.bfloat16)
@@ -456,10 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         peaks["fp8"] = peaks["bf16"]
     if args.tiny:
         docs, doc_len, questions, q_len, budget = 3, 24, 6, 5, 40  # 40: every document split over two passes
-        settings = [("float32", "triton"), ("fp8", "triton")]
+        settings = [("float32", "triton"), ("fp8", "triton"), ("int8", "triton")]
     else:
         docs, doc_len, questions, q_len, budget = 24, 470, 56, 13, 16384
-        settings = [("bfloat16", "triton")] + ([("fp8", "triton")] if fp8_ok else [])
+        settings = [("bfloat16", "triton")] + ([("fp8", "triton")] if fp8_ok else []) + ([("int8", "triton")] if int8_ok else [])
         if args.non_invariant:
             settings.append(("bfloat16", "cublas"))
     for name, config in shapes.items():

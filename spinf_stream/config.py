@@ -29,8 +29,6 @@ DEFAULT_PACK = "spam"
 #: ``--device``/``--dtype`` (checked against the machine by ``spinf_stream.device.choose``)
 DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:[0-9]+)$"
 DType = Literal["auto", "float32", "bfloat16", "fp8", "int8"]
-#: ``--dtype`` values whose linear weights are quantized on load (the rest of the pass in bfloat16)
-QUANTIZED_DTYPES = ("fp8", "int8")
 DEVICE_HELP = "Where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or cuda:N."
 DTYPE_HELP = (
     "Weights and activations: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, "

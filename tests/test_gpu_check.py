@@ -29,7 +29,7 @@ def test_gpu_check_runs_end_to_end_on_a_tiny_shape_without_the_service_dependenc
     assert checks["parity_fp32_triton_vs_torch"]["ok"], checks["parity_fp32_triton_vs_torch"]
     assert "done" in checks
     settings = [line for line in lines if "shape" in line]
-    assert {s["dtype"] for s in settings} == {"float32", "fp8"}
+    assert {s["dtype"] for s in settings} == {"float32", "fp8", "int8"}
     for s in settings:
         for key in ("questions_per_s", "tokens_per_s", "tflops", "mfu", "peak_memory_gib", "digests_equal",
                     "ratio_vs_kv_reuse", "ratio_vs_prompt_per_question", "hf_kv_reuse_qps"):

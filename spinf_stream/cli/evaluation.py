@@ -42,7 +42,6 @@ import numpy as np
 import orjson
 
 from spinf_stream import calibration as cal
-from spinf_stream.config import QUANTIZED_DTYPES as QUANTIZED
 from spinf_stream.engine import DEFAULT_TOKEN_BUDGET
 from spinf_stream.engine.results import ExtractionScore
 from spinf_stream.labelled import Expected, LabelledRow, LabelledSet, read_labelled
@@ -185,7 +184,7 @@ class ModelHandle:
 
         import torch
 
-        from spinf_stream.models import numerics
+        from spinf_stream.models import QUANTIZED, numerics
         from spinf_stream.models.backend import choose
 
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(self.name).name)
@@ -199,6 +198,7 @@ class ModelHandle:
         """An engine for ``pack``, sharing the loaded weights: raw numbers, or with ``calibration``
         (whose none maps decide extractions' none answers; choice logprobs stay raw)."""
         from spinf_stream.engine.scoring import DTYPE_NAMES, Engine
+        from spinf_stream.models import QUANTIZED
 
         if self._loaded is None:
             from transformers import AutoTokenizer

@@ -11,8 +11,6 @@ import torch
 
 from .backend import choose, make_backend
 from .decoder import Decoder, LayerWeights
-from spinf_stream.config import QUANTIZED_DTYPES
-from .int4_checkpoints import dequantize_state_dict, int4_format
 from .ops import Backend, QuantizedWeight, Weight
 from .registry import spec_for
 from .spec import ModelSpec
@@ -22,7 +20,7 @@ FP8_MAX = 448.0
 #: Largest int8 magnitude of the symmetric int8 weights.
 INT8_MAX = 127
 #: ``dtype`` names whose linear weights are quantized on load (the rest of the pass in bfloat16).
-QUANTIZED = QUANTIZED_DTYPES
+QUANTIZED = ("fp8", "int8")
 
 
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -151,6 +149,8 @@ def load_decoder(
         not fit together.
     """
     from transformers import AutoConfig
+
+    from .int4_checkpoints import dequantize_state_dict, int4_format  # model files: not needed by build_decoder
 
     path = Path(path)
     backend = make_backend(choose(device, kernels, dtype), threads=threads)
