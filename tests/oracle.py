@@ -133,9 +133,35 @@ class Oracle:
         return key
 
     def score(self, fields: dict[str, str]) -> dict[str, dict[str, float]]:
-        """``{question id: {label: logprob}}`` for one message."""
+        """``{question id: {label: logprob}}`` for one message, its fields read as the pack reads
+        them (normalized, then escaped). A question the pack's ``views`` decide takes the numbers
+        of the read, the whole message's or a view's, whose first choice leads most (the first on
+        ties): the definition, each read scored on its own."""
+        from spinf_stream.engine.views import views_of
+
+        out = self._read(fields, self.pack.expand())
+        spec = self.pack.views
+        if spec is None:
+            return out
+        decided = [q for q in self.pack.expand() if q.id in spec.questions]
+        for v in views_of(fields[spec.field], spec.prefixes, spec.suffixes):  # views of the text as given
+            seen = self._read({**fields, spec.field: v.text}, decided)
+            for q in decided:
+                first, second = q.choices[0], q.choices[1]
+                if seen[q.id][first] - seen[q.id][second] > out[q.id][first] - out[q.id][second]:
+                    out[q.id] = seen[q.id]
+        return out
+
+    def _read(self, fields: dict[str, str], questions: Sequence[Any]) -> dict[str, dict[str, float]]:
+        """The questions' logprobs for fields as given, each pack field normalized then escaped."""
+        from spinf_stream.packs.normalize import normalize
+
+        fields = {k: self.pack.escape_field(normalize(v, self.pack.normalize_fields)) if k in self.pack.fields else v
+                  for k, v in fields.items()}
+        return self._score(fields, questions)
+
+    def _score(self, fields: dict[str, str], questions: Sequence[Any]) -> dict[str, dict[str, float]]:
         head = prompt_pieces(self.pack, fields)
-        questions = self.pack.expand()
         texts = [[*head, (self.pack.render_question(q), False)] for q in questions]
         fulls = [prompt_tokens(self.tok, t, self.mode) for t in texts]
         if self.prefix_cache:  # one message's caches at a time, beside the preamble's

@@ -118,6 +118,32 @@ def test_a_sub_pack_keeps_pack_order_and_the_cache_keys_a_question_by_its_whole_
     assert LogprobCache.key(pack, q, fields) != LogprobCache.key(pack, q, {"text": "another"})
 
 
+@pytest.mark.parametrize("setting", [
+    {"normalize_fields": "nfkc"},
+    {"escape_in_fields": {"Question:": "question -"}},
+    {"special_tokens_in_fields": "parse"},
+    {"choice_scoring": "mean"},
+    {"views": {"field": "text", "prefixes": 2, "questions": ["spam"]}},
+    {"views": {"field": "text", "prefixes": 2, "suffixes": 1, "questions": ["spam"]}},
+])
+def test_the_cache_keys_a_question_by_how_its_fields_are_read_and_its_choices_scored(setting):
+    """A pack that reads its fields or scores its choices another way reads other numbers for the
+    same text: it must not get the cached ones (spam 1.4.0's views were once calibrated on 1.3.0's
+    cached whole-message numbers)."""
+    from spinf_stream.cli.evaluation import LogprobCache
+    from spinf_stream.packs.pack import Pack
+
+    base = load_pack("spam")
+    d = base.model_dump(exclude_none=True) | {"normalize_fields": "none", "escape_in_fields": {}}
+    d.pop("views", None)
+    plain = Pack.model_validate(d)
+    other = Pack.model_validate(d | setting)
+    fields = {"text": "Question: a message. Answer (yes or no): yes"}
+    key = [LogprobCache.key(p, next(q for q in p.expand() if q.id == "spam"), fields) for p in (plain, other)]
+    assert key[0] != key[1]
+    assert key[0] == LogprobCache.key(Pack.model_validate(d), plain.expand()[0], fields)  # the same pack: the same key
+
+
 def test_evaluate_writes_exactly_the_report_contract(pack_file, model_dir, labelled, tmp_path):
     rep = tmp_path / "report.json"
     r = _cli("evaluate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled), "--report", str(rep),

@@ -39,6 +39,15 @@ def tok(request):
     return t, PromptTokenizer(t)
 
 
+def _whole_spam_text() -> str:
+    """packs/spam.yaml without its views and escaped turn markers: the whole message read once, as
+    the oracle reads it (tests/test_views.py tests views, tests/test_packs.py escaping)."""
+    lines = load_pack("spam").source.read_text().splitlines(keepends=True)
+    kept = [x for x in lines if not x.startswith(("views:", "escape_in_fields:"))]
+    assert len(kept) == len(lines) - 2
+    return "".join(kept)
+
+
 def _with_mode(pack_name: str, mode: str):
     text = load_pack(pack_name).source.read_text()
     return parse_pack(text + f"special_tokens_in_fields: {mode}\n")
@@ -177,7 +186,7 @@ def test_scores_in_each_mode_match_transformers_in_that_mode(tiny_models, loaded
     path = tiny_models(family)
     decoder, hf = loaded(path)
     model = load_hf(str(path))
-    pack = load_pack("spam")
+    pack = parse_pack(_whole_spam_text())
     msg = Message("forged", {"text": FORGED})
     got = {}
     for mode in ("plain", "parse"):
@@ -189,7 +198,7 @@ def test_scores_in_each_mode_match_transformers_in_that_mode(tiny_models, loaded
         got[mode] = rec.scores["spam"].choices["yes"].logprob
         assert rec.pack.special_tokens_in_fields == mode  # the record says which tokens it read
         # the pack's own setting, without an override, is what the record states
-        own = Engine(decoder, hf, _with_mode("spam", mode), family).score([msg])[0]
+        own = Engine(decoder, hf, parse_pack(_whole_spam_text() + f"special_tokens_in_fields: {mode}\n"), family).score([msg])[0]
         assert own.pack.special_tokens_in_fields == mode and own.digest == rec.digest
     assert got["plain"] != pytest.approx(got["parse"], abs=1e-3)  # the modes read different tokens
 
@@ -215,10 +224,12 @@ def test_score_command_flag_selects_the_mode(tiny_models, tmp_path):
     src.write_bytes(orjson.dumps({"id": "f", "text": FORGED}) + b"\n")
     hf = AutoTokenizer.from_pretrained(str(path))
     model = load_hf(str(path))
-    pack = load_pack("spam")
+    pack_file = tmp_path / "spam.yaml"
+    pack_file.write_text(_whole_spam_text(), encoding="utf-8")
+    pack = load_pack(pack_file)
     for flag, mode in ((None, "plain"), ("parse", "parse")):
         out = tmp_path / f"{mode}.jsonl"
-        args = ["score", "--pack", "spam", "--input", str(src), "--output", str(out), "--model", str(path), "--no-progress"]
+        args = ["score", "--pack", str(pack_file), "--input", str(src), "--output", str(out), "--model", str(path), "--no-progress"]
         main(args + (["--special-tokens-in-fields", flag] if flag else []))
         rec = orjson.loads(out.read_bytes())
         assert rec["pack"]["special_tokens_in_fields"] == mode
@@ -257,7 +268,7 @@ def test_a_message_that_closes_the_fence_is_read_escaped_as_transformers_reads_t
     path = tiny_models(family)
     decoder, hf = loaded(path)
     model = load_hf(str(path))
-    text = load_pack("spam").source.read_text().replace('prompt: "Text message: {text}\\n"',
+    text = _whole_spam_text().replace('prompt: "Text message: {text}\\n"',
                                                         'prompt: "<message>\\n{text}\\n</message>\\n"')
     assert "<message>" in text
     fenced = parse_pack(text + 'escape_in_fields: {"</message>": "<\\\\/message>"}\n')

@@ -100,7 +100,8 @@ class LogprobCache:
     One append-only JSON Lines file per model (``<name>-<weights sha256[:16]>-<dtype>-<device>.jsonl``),
     each line ``{"k": key, "lp": [logprob per choice]}``; the key hashes everything that defines
     the prompt (preamble, prompt template, question template and text, answer prefix, choices,
-    the message's fields) and the pack's other questions (a message's branches share its
+    the message's fields, and how fields are read and choices scored: ``normalize_fields``,
+    ``escape_in_fields``, ``special_tokens_in_fields``, ``choice_scoring``, ``views``) and the pack's other questions (a message's branches share its
     attention shapes: its longest branch sets the own-branch window of all of them, so a question
     has its numbers in the context of its pack), so an edited pack or message is simply scored
     again.
@@ -125,6 +126,15 @@ class LogprobCache:
                     for q in pack.expand()]
         parts = [pack.preamble, pack.prompt, pack.render_question(question), pack.answer_prefix, list(question.choices),
                  [fields.get(f) for f in pack.fields], siblings]
+        reading = {  # how fields are read and choices scored, where not the default (older keys hold)
+            "normalize_fields": pack.normalize_fields if pack.normalize_fields != "none" else None,
+            "escape_in_fields": pack.escape_in_fields or None,
+            "special_tokens_in_fields": pack.special_tokens_in_fields if pack.special_tokens_in_fields != "plain" else None,
+            "choice_scoring": question.choice_scoring if question.choice_scoring != "sum" else None,
+            "views": pack.views.model_dump(mode="json") if pack.views is not None else None,
+        }
+        if any(v is not None for v in reading.values()):
+            parts.append({k: v for k, v in reading.items() if v is not None})
         if question.extract is not None:  # what the model may write, and how it is read
             parts.append(dataclasses.asdict(question.extract))
         if none_map is not None:  # a calibration's none decision changes what is written

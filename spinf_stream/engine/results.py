@@ -123,6 +123,12 @@ class QuestionScore(BaseModel):
         description="How the answer was decided when it is not the most probable choice, e.g. "
         "'yes if calibrated[yes] >= 0.240 (recall=0.95 on spam@1.3.0 rows)'; absent otherwise.",
     )
+    view: Annotated[str, Field(pattern=r"^(whole|prefix:[0-9]+|suffix:[0-9]+)$")] | SkipJsonSchema[None] = Field(
+        None, exclude_if=lambda v: v is None, json_schema_extra=_optional,
+        description="For a question the pack's views decide: the read whose first choice led most, whose numbers "
+        "these are: whole (the message), prefix:N (the field's first N chars) or suffix:N (from char N); absent "
+        "for other questions.",
+    )
 
 
 class ExtractionScore(BaseModel):

@@ -21,6 +21,7 @@ from spinf_stream.engine.layout import preamble_pass
 from spinf_stream.messages import Message, has_visible_content
 from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
+from spinf_stream.engine.views import pick
 from spinf_stream.models import QUANTIZED, Decoder, load_decoder
 from spinf_stream.models.decoder import LayerKV
 from spinf_stream.engine.decoding import ExtractionResult, Grammars
@@ -226,11 +227,18 @@ class Engine:
 
         Returns one :class:`ScoreRecord` per message, in the given order.
         """
+        reads = [r for p in prepared for r in (p, *p.views)]  # a message's views read as messages of their own
         sums, extracted, self.last_run = run_passes(
-            self.decoder, prepared, self.token_budget, self.prefix, self.preamble_len,
+            self.decoder, reads, self.token_budget, self.prefix, self.preamble_len,
             [len(q.choices) for q in self.questions], self.grammars,
         )
-        return [self._record(p, sums[i], extracted[i]) for i, p in enumerate(prepared)]
+        out = []
+        at = 0
+        for p in prepared:
+            n = 1 + len(p.views)
+            out.append(self._record(p, sums[at:at + n], extracted[at]))
+            at += n
+        return out
 
     def run_iter(self, prepared: Sequence[PreparedMessage]) -> Iterator[list[ScoreRecord]]:
         """Like :meth:`run`, but yields as it goes: the records of about one forward pass at a time
@@ -250,8 +258,12 @@ class Engine:
         if group:
             yield self.run(group)
 
-    def _record(self, p: PreparedMessage, sums: dict[int, list[float]], extracted: dict[int, ExtractionResult]) -> ScoreRecord:
+    def _record(
+        self, p: PreparedMessage, reads: Sequence[dict[int, list[float]]], extracted: dict[int, ExtractionResult],
+    ) -> ScoreRecord:
+        """``reads``: the choice logprob sums of the message, then of each of its views."""
         scores: dict[str, Any] = {}
+        sums = reads[0]
         for qi, q in enumerate(self.questions):
             if q.extract is not None:
                 e = extracted[qi]
@@ -262,10 +274,10 @@ class Engine:
                 } | ({"currency": e.currency} if e.currency is not None else {}) \
                   | ({"none_calibrated": e.none_calibrated} if e.none_calibrated is not None else {})
                 continue
-            lps = sums[qi]
+            candidates = [(m, r[qi]) for m, r in zip((p, *p.views), reads) if qi in r]
             if q.choice_scoring == "mean":  # the sum over each choice's tokens, divided by their number
-                (branch,) = (b for b in p.branches if b.question == qi)
-                lps = [lp / len(path) for lp, path in zip(lps, branch.choices)]
+                candidates = [(m, [lp / len(path) for lp, path in zip(lps, _branch(m, qi).choices)]) for m, lps in candidates]
+            chosen, lps = candidates[pick([c for _, c in candidates])]
             cs = choice_scores(lps)
             choices = {label: {"probability": pr, "logprob": lp, "floor": fl} for label, (pr, lp, fl) in zip(q.choices, cs)}
             qmap = self._maps[qi]
@@ -277,7 +289,8 @@ class Engine:
                     choices[label]["calibrated"] = c
                 best = qmap.answer(calibrated)
             scores[q.id] = {"answer": q.choices[best], "choices": choices} | self._rules[qi] \
-                | ({"choice_scoring": q.choice_scoring} if q.choice_scoring != "sum" else {})
+                | ({"choice_scoring": q.choice_scoring} if q.choice_scoring != "sum" else {}) \
+                | ({"view": chosen.view or "whole"} if len(candidates) > 1 else {})
         return ScoreRecord(
             id=p.id,
             pack=PackRef(
@@ -296,6 +309,12 @@ class Engine:
         ok = [p for p in items if isinstance(p, PreparedMessage)]
         done = iter(self.run(ok))
         return [next(done) if isinstance(p, PreparedMessage) else p for p in items]
+
+
+def _branch(m: PreparedMessage, question: int) -> Any:
+    """The branch of ``question`` in message ``m``."""
+    (branch,) = (b for b in m.branches if b.question == question)
+    return branch
 
 
 def _decision(qmap: Any, calibration: Calibration | None) -> dict[str, Any]:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from spinf_stream.engine.tokenizer import Prompt, PromptTokenizer, SpecialTokensInFields
+from spinf_stream.engine.views import views_of
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,22 @@ class PreparedMessage:
     branches: tuple[Branch, ...]
     #: the most rows its decode steps can feed: over its extraction questions, ``max_tokens - 1``
     decode_tokens: int = 0
+    #: the pack's views of it (:mod:`spinf_stream.engine.views`): each a message of its own, with
+    #: the branches of the questions views decide only; ``view`` names a view (``""``: the message)
+    views: tuple[PreparedMessage, ...] = ()
+    view: str = ""
 
     @property
     def n_tokens(self) -> int:
-        """Tokens this message adds to forward passes (content once + every branch)."""
+        """Tokens this message adds to forward passes (content once + every branch; its views
+        are laid out as messages of their own)."""
         return len(self.content) + sum(len(b) for b in self.branches)
 
     @property
     def cost_tokens(self) -> int:
         """What a batch's token budget counts for it: :attr:`n_tokens` (its prefill) plus
-        :attr:`decode_tokens` (its decode steps, at most)."""
-        return self.n_tokens + self.decode_tokens
+        :attr:`decode_tokens` (its decode steps, at most), and its views' costs."""
+        return self.n_tokens + self.decode_tokens + sum(v.cost_tokens for v in self.views)
 
 
 def _common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -275,12 +281,26 @@ class Segmenter:
     # -- prepare, step by step ---------------------------------------------------------------
 
     def prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:
-        """Tokenize one message (fields already validated as non-empty strings).
+        """Tokenize one message (fields already validated as non-empty strings), and its views
+        when the pack has ``views``.
 
         Raises:
             LayoutError: ``too_long`` when the prompt exceeds the model's context;
                 ``choice_tokenization`` when a choice's tokens do not extend its prompt's.
         """
+        whole = self._prepare(index, msg_id, fields)
+        spec = self.pack.views
+        if spec is None:
+            return whole
+        decided = {k for k, q in enumerate(self.questions) if q.id in spec.questions}
+        views = []
+        for v in views_of(fields[spec.field], spec.prefixes, spec.suffixes):
+            m = self._prepare(index, msg_id, {**fields, spec.field: v.text})
+            views.append(replace(m, branches=tuple(b for b in m.branches if b.question in decided),
+                                 decode_tokens=0, view=v.name))
+        return replace(whole, views=tuple(views))
+
+    def _prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:
         text, spans = self.pack.render_prompt_spans(fields)
         pre = len(self.pack.preamble)
         head = Prompt(self.pack.preamble + text, tuple((a + pre, b + pre) for a, b in spans))

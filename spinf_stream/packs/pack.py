@@ -15,6 +15,7 @@ contract (see ``docs/packs.md`` and the shipped ``packs/*.yaml``)::
     normalize_fields: none                      # optional; none (default), nfkc or latin_lookalikes, see below
     escape_in_fields: {"</message>": "<\\/message>"}  # optional; what a field's text may not hold, see below
     choice_scoring: sum                         # optional; sum (default), mean or first_token, see below
+    views: {field: text, prefixes: 3, suffixes: 3, questions: [spam]}  # optional, see below
     questions:
       - id: spam
         text: Is this text message spam or a scam?
@@ -60,7 +61,9 @@ Escaping (below) comes after it.
 
 ``escape_in_fields`` maps each delimiter of the prompt that a message must not be able to write
 (the fence that closes its fields) to what it becomes inside a field's value: every occurrence is
-replaced, leftmost first, in one pass. At load each delimiter must be in the prompt's text, and no
+replaced, leftmost first, in one pass. At load each delimiter must be in the text the pack writes
+around fields (the prompt's, the question template's or the preamble's: ``Question:`` is a turn
+marker a message can forge), and no
 replacement may let a delimiter reappear: not inside it, nor across its edge with the text beside
 it (a replacement's first or last characters must not continue or end a delimiter), so a rendered
 prompt holds each delimiter exactly where the prompt writes it.
@@ -69,6 +72,12 @@ prompt holds each delimiter exactly where the prompt writes it.
 the whole label), ``mean`` (that divided by its number of tokens: SGLang's token-length
 normalisation, for labels of unequal lengths) or ``first_token`` (the first token's alone, for
 labels whose first tokens differ).
+
+``views`` makes the named binary questions hold against text a message adds to argue with them
+(:mod:`spinf_stream.engine.views`): the ``field`` is also read cut at its sentence boundaries, its
+prefixes before the last ``prefixes`` boundaries and its suffixes from the first ``suffixes``
+(0-8 each), and each question answers from the read whose first choice leads most. A record's
+question then names the read that decided it (``view``). Each view costs a read of its own.
 
 Every scalar in the file is read as a string (YAML's ``yes``/``no``/``on``/``off``/``1.0`` stay the
 text written), because every value in the schema is a string or a list/mapping of strings.
@@ -411,7 +420,8 @@ def _escape_problems(escape: Mapping[str, str], prompt_text: str) -> dict[str, s
         if not key:
             out[key] = "an empty delimiter: write the text a message must not hold"
         elif key not in prompt_text:
-            out[key] = f"{key!r} is not in the prompt's text: escape the delimiters the prompt writes"
+            out[key] = (f"{key!r} is not in the prompt's, question's or preamble's text: "
+                        "escape the delimiters the pack writes")
     for key in escape:
         for other, r in escape.items():
             if not key or key in out:
@@ -422,6 +432,18 @@ def _escape_problems(escape: Mapping[str, str], prompt_text: str) -> dict[str, s
                 out[key] = (f"the replacement of {other!r}, {r!r}, begins or ends like part of {key!r}: "
                             "with the text beside it the delimiter could reappear")
     return out
+
+
+class ViewsSpec(BaseModel):
+    """``views``: which field is also read cut at sentence boundaries, how many cuts each way, and
+    the binary questions answered from the read whose first choice leads most."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: Annotated[str, Field(min_length=1)]
+    prefixes: Annotated[int, Field(ge=0, le=8)] = 0
+    suffixes: Annotated[int, Field(ge=0, le=8)] = 0
+    questions: Annotated[tuple[str, ...], Field(min_length=1)]
 
 
 class Pack(BaseModel):
@@ -441,6 +463,7 @@ class Pack(BaseModel):
     normalize_fields: NormalizeFields = "none"
     escape_in_fields: dict[str, str] = Field(default_factory=dict)
     choice_scoring: ChoiceScoring = "sum"
+    views: ViewsSpec | None = None
     questions: Annotated[tuple[QuestionSpec, ...], Field(min_length=1)]
 
     _source: Path | None = PrivateAttr(default=None)
@@ -501,12 +524,29 @@ class Pack(BaseModel):
         self._prompt_t = _parse_template(self.prompt)
         self._question_t = _parse_template(self.question)
         self._expanded = tuple(expanded)
-        literal = "".join(text for text, _ in self._prompt_t)
+        literal = "\n".join(("".join(text for text, _ in self._prompt_t),
+                             "".join(text for text, _ in self._question_t), self.preamble))
         for key, problem in _escape_problems(self.escape_in_fields, literal).items():
             raise _AtKey(("escape_in_fields", key), problem)
         if self.escape_in_fields:
             self._escape_re = re.compile("|".join(map(re.escape, sorted(self.escape_in_fields, key=len, reverse=True))))
+        if self.views is not None:
+            self._check_views(self.views)
         return self
+
+    def _check_views(self, v: ViewsSpec) -> None:
+        if v.field not in self.fields:
+            raise _AtKey(("views", "field"), f"{v.field!r} is not a field of the prompt ({', '.join(self.fields)})")
+        if v.prefixes + v.suffixes == 0:
+            raise _AtKey(("views", "prefixes"), "prefixes and suffixes are both 0: give at least one view")
+        by_id = {q.id: q for q in self._expanded}
+        for i, qid in enumerate(v.questions):
+            q = by_id.get(qid)
+            if q is None:
+                raise _AtKey(("views", "questions", i), f"{qid!r} is not a question of the pack")
+            if q.extract is not None or len(q.choices) != 2:
+                raise _AtKey(("views", "questions", i), f"{qid!r} is not a question of two choices: views decide "
+                                                         "by how far the first choice leads the second")
 
     @property
     def source(self) -> Path | None:
