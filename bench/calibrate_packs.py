@@ -13,7 +13,9 @@ scores those rows again).
     spinf-stream labels --pack P   # for each pack P with a data.yaml
     python bench/calibrate_packs.py [--pack P ...] [--model M ...] [--cache .cache/logprobs] [--plots DIR]
 
-With ``--cache`` (the default) every row is scored once per model and pack version; the other
+A ``data.yaml`` with ``labelled_only: true`` scores its rows with only the labelled questions
+(``calibrate --labelled-only``: a pack of ~100 questions that labels 4). With ``--cache`` (the
+default) every row is scored once per model and pack version; the other
 methods and any rerun read the cache. ``--plots DIR`` writes the default model's diagrams into
 ``DIR/<pack>/``. Choosing among three methods by the same folds is a little optimistic; the
 choice is printed with every method's numbers.
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for pack in packs:
         mapping = yaml.safe_load((REPO / "packs" / pack / "data.yaml").read_text(encoding="utf-8"))
         target = str(mapping.get("target", "accuracy"))
+        only = ["--labelled-only"] if mapping.get("labelled_only") else []  # data.yaml: score only the labelled questions
         for model in args.model or MODELS:
             best: tuple[float, str, Path, Path] | None = None
             tmp = Path(tempfile.mkdtemp(prefix="calibrate-"))
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 cal, rep = tmp / f"{method}.json", tmp / f"{method}.report.json"
                 cmd = [sys.executable, "-m", "spinf_stream.cli", "calibrate", "--pack", pack, "--model", model,
                        "--input", str(args.labelled / f"{pack}.jsonl"), "--method", method, "--target", target, "--output", str(cal),
-                       "--report", str(rep), "--cache", args.cache, "--no-progress"]
+                       "--report", str(rep), "--cache", args.cache, "--no-progress", *only]
                 if args.plots and model == MODELS[0]:
                     cmd += ["--plots", str(tmp / f"plots-{method}")]
                 subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run([sys.executable, "-m", "spinf_stream.cli", "calibrate", "--pack", pack, "--model", model,
                                 "--input", str(args.labelled / f"{pack}.jsonl"), "--method", best[1],
                                 "--target", str(variant_target), "--output", str(cal), "--report", str(rep),
-                                "--cache", args.cache, "--no-progress"],
+                                "--cache", args.cache, "--no-progress", *only],
                                cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 for sub, src in (("calibrations", cal), ("reports", rep)):
                     (REPO / "packs" / pack / sub / variant).mkdir(parents=True, exist_ok=True)

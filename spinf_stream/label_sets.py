@@ -8,6 +8,7 @@ How a data set's labels answer a pack's questions lives beside the pack, in
 
     target: accuracy                # optional: calibrate --target for the pack (bench/calibrate_packs.py)
     variants: {recall95: recall=0.95}  # optional: more shipped calibrations, other targets (--calibration recall95)
+    labelled_only: true             # optional: calibrate with only the labelled questions (--labelled-only)
     robustness:                     # optional: the questions bench/adversarial.py attacks, and the
       spam: {subject: spam, positive: "yes", max_flip_rate: 0.55}  # most answers a manipulation may change
     detectors: {tells_how_to_classify: "yes"}  # optional: questions that detect the attack, with

@@ -81,3 +81,59 @@ def test_a_manipulation_argues_for_the_far_end_of_the_choices_from_the_label(ben
     scale = ["true", "mostly true", "half true", "barely true", "false", "pants on fire"]
     assert [bench.argued_for(scale, c) for c in scale] == ["pants on fire"] * 3 + ["true"] * 3
     assert bench.argued_for(["a", "b", "c"], "b") == "c"  # the middle of an odd list: its last choice
+
+
+SUB_PACK = """\
+name: arguing
+version: "1.0.0"
+description: three questions, one decided by views
+preamble: "Read the message and answer.\\n\\n"
+prompt: "Message: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+views: {field: text, prefixes: 2, suffixes: 2, questions: [spam, rude, long]}
+questions:
+  - id: spam
+    text: Is this message spam?
+  - id: rude
+    text: Is this message rude?
+  - id: long
+    text: Is this message about a long, complicated and very detailed matter of some importance to its reader?
+"""
+
+
+def test_attacked_questions_scored_alone_answer_as_the_whole_pack_with_its_calibration(bench, tiny_models, loaded, tmp_path):
+    """--questions attacked: the sub-pack's records against the whole pack's (the same engine code,
+    so the oracle is the whole pack, which test_views checks against transformers): same answers,
+    calibration and views, numbers equal to the last bits the longest branch moves."""
+    from spinf_stream import calibration as cal
+    from spinf_stream.engine.scoring import Engine
+    from spinf_stream.messages import Message
+    from spinf_stream.models.resolve import resolve
+    path = tiny_models("llama")
+    (tmp_path / "arguing.yaml").write_text(SUB_PACK)
+    pack = load_pack(tmp_path / "arguing.yaml")
+    q = cal.QuestionCalibration(choices=("yes", "no"), scale=(0.8, 1.2), bias=(-0.3, 0.0), threshold=0.4)
+    calibration = cal.build(pack, cal.model_identity(resolve(str(path))), "vector", "recall=0.9", {"spam": q, "rude": q})
+    file = tmp_path / "CAL.json"
+    file.write_bytes(calibration.to_json())
+    rows = [{"id": f"r{i}", "text": t, "labels": {}} for i, t in enumerate(
+        ["WIN a prize! Call 80082 now. Offer ends today.", "see you at 7", "You idiot. I said 7, not 8! Fine."])]
+    messages = [{"id": r["id"], "text": m(r["text"], t)} for r in rows for m in MANIPULATIONS.values()
+                for t in [bench.Target(subject="spam", wanted="no", positive=False, question="Question: Is this message spam?\nAnswer:")]]
+    part = bench.score_sub_pack(pack, ["spam", "rude"], str(path), str(file), messages)
+    decoder, tok = loaded(path)
+    whole = Engine(decoder, tok, pack, "tiny", 512, calibration=calibration)
+    full = [r.model_dump(mode="json", exclude_none=True)
+            for r in whole.run(whole.prepare([Message(id=m["id"], fields={"text": m["text"]}) for m in messages]))]
+    assert len(part) == len(full) == len(messages)
+    for p, f in zip(part, full):
+        assert p["id"] == f["id"] and p["calibration"] == f["calibration"] == calibration.id
+        assert set(p["scores"]) == {"spam", "rude"}
+        for qid in ("spam", "rude"):
+            ps, fs = p["scores"][qid], f["scores"][qid]
+            assert ps["answer"] == fs["answer"] and ps.get("view") == fs.get("view") and ps["rule"] == fs["rule"]
+            for c in ("yes", "no"):
+                assert ps["choices"][c]["logprob"] == pytest.approx(fs["choices"][c]["logprob"], abs=1e-5)
+                assert ps["choices"][c]["calibrated"] == pytest.approx(fs["choices"][c]["calibrated"], abs=1e-5)
+    assert any(p["scores"]["spam"].get("view", "whole") != "whole" for p in part)  # views were read

@@ -569,3 +569,24 @@ def test_calibrate_ships_the_class_prior_for_a_question_without_signal_and_the_f
         _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(path), "--output", str(out),
              "--method", "vector", "--no-signal", "keep", "--no-progress")
         assert cal.load(out).questions[QID].scale != (0.0, 0.0)
+
+
+def test_calibrate_labelled_only_scores_the_labelled_questions_alone_and_fits_the_same_map(pack_file, calibrated, model_dir, labelled, tmp_path):
+    """--labelled-only: the rows read with the sub-pack of spam and asks_to_call (asks_to_reply left
+    out), cached apart from the whole pack's numbers; a calibration of the whole pack file whose
+    maps and report equal the whole-pack run's to the last bits the longest branch moves."""
+    path, doc, _ = calibrated
+    out, rep = tmp_path / "CAL.json", tmp_path / "report.json"
+    r = _cli("calibrate", "--pack", pack_file, "--model", str(model_dir), "--input", str(labelled),
+             "--output", str(out), "--method", "vector", "--target", "f1", "--no-signal", "keep", "--report", str(rep),
+             "--cache", str(path.parent / "cache"), "--no-progress", "--labelled-only")
+    assert b"scoring 60 of 60 rows" in r.stderr  # the whole pack's cached numbers are not these
+    whole, part = cal.load(path), cal.load(out)
+    assert part.pack == whole.pack == cal.pack_identity(load_pack(pack_file)) and set(part.questions) == set(whole.questions)
+    for qid, m in whole.questions.items():
+        assert part.questions[qid].scale == pytest.approx(m.scale, abs=1e-4)
+        assert part.questions[qid].bias == pytest.approx(m.bias, abs=1e-4)
+    got = orjson.loads(rep.read_bytes())
+    for qid, q in doc["questions"].items():
+        for k in ("log_loss", "auc", "accuracy"):
+            assert got["questions"][qid]["raw"][k] == pytest.approx(q["raw"][k], abs=1e-5)

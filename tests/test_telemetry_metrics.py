@@ -87,7 +87,9 @@ def flow(tansu, tiny_model) -> Flow:
         await ensure_topics(t.kafka, [t.input, t.output, t.dlq], partitions=t.partitions)
         with served(settings) as (telemetry, port):
             engine = load_engine_timed(settings, telemetry)  # the run command's load path
-            useful = sum(p.n_tokens for p in engine.prepare(_messages(good)))
+            # every read's tokens: the message's own and those of its views (spam reads views),
+            # counted by the engine's prepare, not by the service or its telemetry
+            useful = sum(p.n_tokens + sum(v.n_tokens for v in p.views) for p in engine.prepare(_messages(good)))
             answers = Counter(r.scores["spam"].answer for r in engine.score(_messages(good)))
             svc = ScoringService(settings, engine, telemetry=telemetry)
             async with RunningService(svc):

@@ -74,7 +74,7 @@ def sub_pack(pack: Pack, question_ids: Sequence[str]) -> Pack:
     template, answer prefix, question texts and choices); its numbers may differ from the whole
     pack's in the last bits (a message's longest branch sets its attention shapes), so
     ``evaluate``/``calibrate`` score with the whole pack. Raises ``KeyError`` naming an unknown
-    question id.
+    question id. ``views`` keeps the questions it names that are kept (none kept: no views).
     """
     by_id = {q.id: q for q in pack.expand()}
     for qid in question_ids:
@@ -87,6 +87,9 @@ def sub_pack(pack: Pack, question_ids: Sequence[str]) -> Pack:
         | ({"question": q.template} if q.template is not None else {})
         for q in pack.expand() if q.id in wanted
     ]
+    if pack.views is not None:
+        kept = [qid for qid in pack.views.questions if qid in wanted]
+        data["views"] = {**data["views"], "questions": kept} if kept else None
     return Pack.model_validate(data)
 
 
@@ -261,18 +264,26 @@ class Scored:
 
 def score_labelled(handle: ModelHandle, pack: Pack, rows: Sequence[LabelledRow], cache: LogprobCache, *,
                    token_budget: int = DEFAULT_TOKEN_BUDGET, progress: bool = True,
-                   calibration: cal.Calibration | None = None) -> Scored:
+                   calibration: cal.Calibration | None = None, labelled_only: bool = False) -> Scored:
     """Raw logprobs of every labelled (row, choice question) and the record of every labelled
     (row, extraction question), from the cache or the engine.
 
     Rows that still need a question are scored with the whole pack, so each number is the one
     ``score`` gives (a sub-pack of fewer questions can give a message other attention shapes,
-    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart). With
+    hence other bits: measured on AMD EPYC, 34 of 60 messages 1e-6 apart). ``labelled_only``
+    scores with the sub-pack of the questions the rows label instead (cached apart): a pack of
+    many questions reads many times faster, its numbers off in the last bits. With
     ``calibration``, its none maps decide the extractions' none answers (choice logprobs are raw
     either way).
     """
     from tqdm import tqdm
 
+    if labelled_only:
+        wanted = {qid for r in rows for qid in r.questions}
+        pack = sub_pack(pack, [q.id for q in pack.expand() if q.id in wanted])
+        if calibration is not None:
+            calibration = calibration.model_copy(
+                update={"questions": {q: m for q, m in calibration.questions.items() if q in wanted}})
     questions = {q.id: q for q in pack.expand()}
     order = {qid: i for i, qid in enumerate(questions)}
     none_maps = {q: m for q, m in calibration.questions.items() if questions[q].extract is not None} if calibration else {}

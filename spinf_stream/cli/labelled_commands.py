@@ -59,6 +59,9 @@ class _Common(BaseSettings):
     dtype: DType = dtype_field()
     allow_unstable_bits: bool = allow_unstable_bits_field()
     progress: bool = Field(default=True, description="Progress bar on stderr.")
+    labelled_only: bool = Field(
+        default=False, description="Score each row with only the questions the rows label (a sub-pack of them): a pack of "
+        "many questions reads many times faster; its numbers may differ from the whole pack's in the last bits.")
     limit: int | None = Field(default=None, ge=1, description="Use only the first N labelled rows.")
     sample: int | None = Field(default=None, ge=1, description="Use N labelled rows drawn at random (with --seed), in file order.")
     seed: int = Field(default=0, description="Seed of --sample.")
@@ -103,7 +106,7 @@ class _Common(BaseSettings):
         rows = self._rows(pack) if rows is None else rows
         cache = LogprobCache(self.cache, handle.cache_key())
         scored = score_labelled(handle, pack, rows, cache, token_budget=self.token_budget, progress=self.progress,
-                                calibration=calibration)
+                                calibration=calibration, labelled_only=self.labelled_only)
         report_failed(scored.failed)
         if not scored.questions and not scored.extractions:
             raise cal.CalibrationError(f"{self.input}: no labelled row could be scored")
