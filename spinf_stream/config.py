@@ -218,6 +218,29 @@ class ScoringSettings(BaseSettings):
     dtype: DType = dtype_field()
     calibration: str = calibration_field()
     allow_unstable_bits: bool = allow_unstable_bits_field()
+    routes: Path | None = Field(
+        None,
+        description="Routes file (YAML): which packs, with which models, score which topics, and where their records go "
+        "(README, \"Many packs and models\"). Replaces --input-topic, --output-topic, --dlq-topic, --pack, --model, "
+        "--calibration and --token-budget.",
+        json_schema_extra=plain("FILE"),
+    )
+    model_memory_budget: float | None = Field(
+        None, gt=0,
+        description="GiB of model weights and KV working set the loaded models may take together; loading one more "
+        "evicts the least recently used idle model (default: nine tenths of the GPU's memory, or of the usable RAM on the CPU).",
+    )
+    model_idle_evict_s: float | None = Field(
+        None, gt=0, description="Unload a model no batch has used for this long (s; default: never)."
+    )
+    model_swap_wait_ms: int = Field(
+        2000, ge=0,
+        description="A pack whose model is not loaded waits this long (ms) before its batch may displace the loaded "
+        "models' batches (then its model is loaded, evicting another if the memory budget says so).",
+    )
+    fairness_cap: int = Field(
+        4, ge=1, description="Batches one (pack, model) may run in a row while another has a batch ready."
+    )
     window_ms: int = Field(50, ge=0, description="Latency window (ms): a batch closes this long after its first message if the engine is free.")
     token_budget: int = token_budget_field("Tokens per forward pass; a batch closes when its messages reach it.")
     max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")

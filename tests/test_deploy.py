@@ -48,7 +48,7 @@ def test_compose_prometheus_scrapes_the_scorers_metrics_port(compose):
     (job,) = config["scrape_configs"]
     (sd,) = job["dns_sd_configs"]
     port = int(compose["services"]["scorer"]["environment"]["SPINF_METRICS_PORT"])
-    assert sd["names"] == ["scorer", "scorer-cpu"] and sd["port"] == port and job["metrics_path"] == "/metrics"
+    assert sd["names"] == ["scorer", "scorer-cpu", "scorer-routes"] and sd["port"] == port and job["metrics_path"] == "/metrics"
 
 
 def test_compose_grafana_provisions_the_prometheus_datasource_and_the_generated_dashboard(compose):
@@ -254,3 +254,24 @@ def test_the_service_monitor_component_selects_the_metrics_service(tmp_path):
     assert ServiceMonitor.model_validate(sm).model_dump(by_alias=True, exclude_none=True, mode="json") == sm
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+
+
+def test_the_compose_routes_scorer_runs_the_sample_routes_file_whose_topics_the_stack_creates(compose):
+    from spinf_stream.config import RunSettings
+    from spinf_stream.routes import check_routes, load_routes
+    from spinf_stream.stream.app import ROUTE_FLAGS
+    from spinf_stream.stream.routing import router_for
+
+    svc = compose["services"]["scorer-routes"]
+    env = {k: str(v) for k, v in svc["environment"].items()}
+    host_file = REPO / "deploy" / "routes.yaml"
+    assert f"./deploy/routes.yaml:{env['SPINF_ROUTES']}:ro" in svc["volumes"]
+    settings = RunSettings.model_validate({k.removeprefix("SPINF_").lower(): v for k, v in env.items()})
+    assert not set(ROUTE_FLAGS) & settings.model_fields_set  # nothing a routes file replaces
+    routes = load_routes(host_file)
+    packs = check_routes(routes, host_file, models=False)
+    assert {p.name for p in packs.values()} == {"spam", "moderation", "sentiment"}
+    router = router_for(routes, {k: (p.name, p.version) for k, p in packs.items()})
+    created = set(compose["services"]["topics"]["environment"]["TOPICS"].split())
+    assert {*routes.input_topics, *router.output_topics, routes.dead_letter_topic} <= created
+    assert {p.model for p in routes.lanes().values()} == {"qwen2.5-coder-0.5b", "smollm2-135m"}

@@ -54,4 +54,4 @@ def test_text_input_fills_the_packs_one_field_whatever_its_name():
     scorer = TwoFieldScorer()
     scorer.pack = SimpleNamespace(name="reviews", version="1", fields=("review",))
     scorer.model_info = None
-    assert ScoringService(_settings(input_format="text"), scorer)._text_field == "review"
+    assert ScoringService(_settings(input_format="text"), scorer)._preparer._text_fields == {"default": "review"}

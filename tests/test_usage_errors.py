@@ -70,8 +70,16 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "bad.jsonl").write_bytes(b'{"id": "1", "text": "ok"}\n\n{"id": "2", "text": "cut\n')
     (d / "field.yaml").write_text(NEWS_PACK.replace('prompt: "{title}\\n{text}\\n"', 'prompt: "{txt}\\n"'))
     (d / "one.yaml").write_text(NEWS_PACK.replace("choices: [yes, no]", "choices: [friendly]"))
+    route = "routes:\n  - topics: [messages]\n    packs:\n      - {pack: spam, model: smollm2-135m}\n      - {%s}\n"
+    (d / "r_typo.yaml").write_text(route % "pack: sentiment, modle: smollm2-135m")
+    (d / "r_pack.yaml").write_text(route % "pack: no_such_pack, model: smollm2-135m")
+    (d / "r_tmpl.yaml").write_text((route % "pack: sentiment") + "    output_topic: 'scores.{topic}'\n")
+    (d / "r_cal.yaml").write_text(route % "pack: sentiment, calibration: recall90")
+    (d / "r_yaml.yaml").write_text("routes: [\n")
+    (d / "r_ok.yaml").write_text(route % "pack: sentiment")
     return {"in": str(d / "in.jsonl"), "dir": str(d), "file": str(d / "a_file"), "out": str(d / "out" / "o.jsonl"),
-            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml"), "bad_jsonl": str(d / "bad.jsonl"), "field": str(d / "field.yaml"), "one": str(d / "one.yaml")}
+            "news": str(d / "news.yaml"), "typo": str(d / "typo.yaml"), "bad_jsonl": str(d / "bad.jsonl"), "field": str(d / "field.yaml"), "one": str(d / "one.yaml"),
+            **{k: str(d / f"{k}.yaml") for k in ("r_typo", "r_pack", "r_tmpl", "r_cal", "r_yaml", "r_ok")}}
 
 
 def score(files: dict[str, str], *extra: str) -> list[str]:
@@ -122,6 +130,13 @@ CASES = [
     ("calibration of another pack", lambda f: score(f, "--pack", "sentiment", "--calibration", str(REPO / "packs" / "spam" / "calibrations" / "qwen2.5-coder-0.5b.json")), {}, ["is for pack spam", "not sentiment", "--calibration none"], True),
     ("evaluate without labelled input", lambda f: ["evaluate", "--pack", "spam", "--input", f["dir"] + "/none.jsonl", "--report", f["dir"] + "/r.json"], {}, ["--input", "none.jsonl", "no such file"], True),
     ("calibrate with a bad target", lambda f: ["calibrate", "--pack", "spam", "--input", f["in"], "--output", f["dir"] + "/c.json", "--target", "recall"], {}, ["--target", "precision=P or recall=R"], False),
+    ("missing routes file", lambda f: ["run", "--routes", f["dir"] + "/nope.yaml"], {}, ["routes file", "nope.yaml", "does not exist", "SPINF_ROUTES"], True),
+    ("routes file that is not YAML", lambda f: ["run", "--routes", f["r_yaml"]], {}, ["r_yaml.yaml", "not valid YAML"], True),
+    ("misspelt key in a routes file", lambda f: ["run", "--routes", f["r_typo"]], {}, ["r_typo.yaml", "routes[0].packs[1].modle", "Extra inputs"], True),
+    ("unknown pack in a routes file", lambda f: ["run", "--routes", f["r_pack"]], {}, ["r_pack.yaml", "routes[0].packs[1].pack", "no such pack"], True),
+    ("unknown placeholder in a routes file", lambda f: ["run", "--routes", f["r_tmpl"]], {}, ["r_tmpl.yaml", "routes[0].output_topic", "{topic}", "{pack}"], True),
+    ("unknown calibration in a routes file", lambda f: ["run", "--routes", f["r_cal"]], {}, ["r_cal.yaml", "routes[0].packs[1].calibration", "recall90"], True),
+    ("--pack beside --routes", lambda f: ["run", "--routes", f["r_ok"], "--pack", "spam"], {}, ["--pack and --routes", "routes file"], True),
     ("dev --until-done without --input", lambda f: ["dev", "--until-done"], {}, ["--until-done", "needs --input"], True),
     ("bootstrap without a port", lambda f: ["run", "--bootstrap-servers", "kafka"], {}, ["--bootstrap-servers 'kafka'", "host:port"], True),
     ("broker not listening", lambda f: ["run", "--bootstrap-servers", f"127.0.0.1:{free_port()}"], {}, ["cannot reach the Kafka broker", "connection refused", "SPINF_BOOTSTRAP_SERVERS"], True),

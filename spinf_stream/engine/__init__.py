@@ -9,6 +9,8 @@ It knows nothing of Kafka or HTTP. Data flows down this list:
 - ``runner``: passes → choice log-probabilities, through a :class:`~spinf_stream.models.Decoder`
 - ``results``: the records the engine returns (score, error) and their digest
 - ``scoring``: :class:`Engine` (``load``, ``prepare``, ``run``, ``run_iter``, ``model_info``)
+- ``pool``: :class:`~spinf_stream.engine.pool.EnginePool`: (pack, model) lanes whose models load on
+  demand and are evicted, least recently used first, under a memory budget
 
 ``Engine`` and ``Message`` are imported on first use, so importing this package does not import
 torch.

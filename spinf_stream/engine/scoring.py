@@ -41,6 +41,21 @@ log = logging.getLogger(__name__)
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def load_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
+    """The dtype :func:`~spinf_stream.models.load_decoder` takes: a torch dtype for its name
+    (``float32``, ``bfloat16``, ``float16``), ``fp8``/``int8`` as they are.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if isinstance(dtype, str) and dtype not in QUANTIZED:
+        by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
+        if dtype not in by_name:
+            raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join([*by_name, *QUANTIZED])}")
+        return by_name[dtype]
+    return dtype
+
+
 def _error(msg_id: str | None, kind: str, message: str) -> ErrorRecord:
     return ErrorRecord(id=msg_id, error=ErrorInfo(kind=kind, message=message))
 
@@ -52,6 +67,35 @@ def choice_scores(logprobs: Sequence[float]) -> list[tuple[float, float, float]]
     ``floor`` = ``exp(logprob)``.
     """
     return [(p, lp, math.exp(lp)) for p, lp in zip(softmax_row(logprobs), logprobs)]
+
+
+def prepare_with(segmenter: Segmenter, messages: Sequence[Message]) -> list[PreparedMessage | ErrorRecord]:
+    """:meth:`Engine.prepare` with ``segmenter`` (its pack's fields checked, then tokenized): one
+    :class:`PreparedMessage` or :class:`ErrorRecord` per message, in order. Needs no weights."""
+    out: list[PreparedMessage | ErrorRecord] = []
+    for i, m in enumerate(messages):
+        fields: dict[str, str] = {}
+        bad: ErrorRecord | None = None
+        for name in segmenter.pack.fields:
+            if name not in m.fields or m.fields[name] is None:
+                bad = _error(m.id, "missing_field", f"field {name!r} is missing")
+            elif not isinstance(m.fields[name], str):
+                bad = _error(
+                    m.id, "wrong_type", f"field {name!r} must be a string, got {type(m.fields[name]).__name__}"
+                )
+            elif not has_visible_content(m.fields[name]):
+                bad = _error(m.id, "empty_field", f"field {name!r} is empty (no visible character)")
+            if bad:
+                break
+            fields[name] = m.fields[name]
+        if bad:
+            out.append(bad)
+            continue
+        try:
+            out.append(segmenter.prepare(i, m.id, fields))
+        except LayoutError as e:
+            out.append(_error(m.id, e.kind, str(e)))
+    return out
 
 
 class Engine:
@@ -150,11 +194,7 @@ class Engine:
         from spinf_stream import calibration as cal
         from spinf_stream.models.resolve import resolve
 
-        if isinstance(dtype, str) and dtype not in QUANTIZED:
-            by_name = {name: dt for dt, name in DTYPE_NAMES.items()}
-            if dtype not in by_name:
-                raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join([*by_name, *QUANTIZED])}")
-            dtype = by_name[dtype]
+        dtype = load_dtype(dtype)
         pk = pack if isinstance(pack, Pack) else load_pack(pack)
         resolved = resolve(model)
         chosen = cal.resolve(calibration, pk, resolved)  # before the weights: a wrong file fails fast
@@ -190,30 +230,7 @@ class Engine:
         :class:`ErrorRecord` (``missing_field``, ``wrong_type``, ``empty_field``, ``too_long``,
         ``choice_tokenization``).
         """
-        out: list[PreparedMessage | ErrorRecord] = []
-        for i, m in enumerate(messages):
-            fields: dict[str, str] = {}
-            bad: ErrorRecord | None = None
-            for name in self.pack.fields:
-                if name not in m.fields or m.fields[name] is None:
-                    bad = _error(m.id, "missing_field", f"field {name!r} is missing")
-                elif not isinstance(m.fields[name], str):
-                    bad = _error(
-                        m.id, "wrong_type", f"field {name!r} must be a string, got {type(m.fields[name]).__name__}"
-                    )
-                elif not has_visible_content(m.fields[name]):
-                    bad = _error(m.id, "empty_field", f"field {name!r} is empty (no visible character)")
-                if bad:
-                    break
-                fields[name] = m.fields[name]
-            if bad:
-                out.append(bad)
-                continue
-            try:
-                out.append(self.segmenter.prepare(i, m.id, fields))
-            except LayoutError as e:
-                out.append(_error(m.id, e.kind, str(e)))
-        return out
+        return prepare_with(self.segmenter, messages)
 
     def prefix_chars_bound(self, text: str) -> int:
         """Characters of a field's ``text`` beyond which no prefix of it can fit the model's

@@ -3,6 +3,7 @@
 Data flows down this list; each module is named for what it is:
 
 - ``fetch_guard``: records the Kafka client cannot parse become ``UndecodableRecord``s, not errors
+- ``routing``: which (pack, model) lanes score a record, and its output topics (``--routes``)
 - ``codec``: a consumed record → message (JSON object or UTF-8 text) or a rejection, through the
   decoder ``spinf-stream score`` uses too (``spinf_stream.messages``)
 - ``scorer``: the narrow, typed interface to the engine (``prepare``/``run``) and the policies
@@ -11,6 +12,7 @@ Data flows down this list; each module is named for what it is:
 - ``preparer``: tokenization on its own thread, in chunks, ahead of the engine
 - ``batcher``: micro-batches closed by token budget, latency window or message cap (a backlog
   fills them to the budget)
+- ``scheduler``: a batcher per lane, and the policy that picks the lane whose batch runs next
 - ``engine_thread``: the one thread that loads the engine and runs its forward passes
 - ``records``, ``dlq``: the records written (score with source; dead letter cut to fit) and their
   headers

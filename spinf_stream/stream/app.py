@@ -16,17 +16,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from spinf_stream.config import RunSettings, ScoringSettings
 from spinf_stream.stream.engine_thread import EngineThread
 from spinf_stream.stream.topic_checks import check_run_topics, run_check
 from spinf_stream.stream.service import ScoringService
 from spinf_stream.telemetry import StreamTelemetry, create_telemetry
+from spinf_stream.telemetry.recorder import ModelsSample
 from spinf_stream.telemetry.logs import LogFormat
 from spinf_stream.telemetry.logs import configure_logging as _configure_logging
 from spinf_stream.telemetry.providers import TelemetryConfigError
 from spinf_stream.telemetry.server import OpsServer, OpsServerError
+
+if TYPE_CHECKING:
+    from spinf_stream.routes import RoutesFile
+    from spinf_stream.stream.routing import Router
 
 log = logging.getLogger("spinf_stream.stream")
 
@@ -79,10 +85,15 @@ def operations(settings: ScoringSettings, *, endpoint_required: bool = True) -> 
 
 
 def load_engine_timed(settings: ScoringSettings, telemetry: StreamTelemetry) -> Any:
-    """:func:`load_engine`, its duration recorded as ``spinf.model.load.duration``."""
+    """:func:`load_engine`, its duration recorded as ``spinf.model.load.duration``, its model and
+    bytes as the one model in memory (``spinf.models.loaded``, ``spinf.model.memory``)."""
+    from spinf_stream.engine.pool import engine_bytes
+
     t0 = time.perf_counter()
     engine = load_engine(settings)
     telemetry.model_load_time(time.perf_counter() - t0)
+    loaded = ((engine.model_info.name, engine_bytes(engine)),)
+    telemetry.watch_models(lambda: ModelsSample(loaded, loads=1, evictions=0))
     return engine
 
 
@@ -265,17 +276,30 @@ def run_scorer(settings: RunSettings, scorer: Any | None = None) -> int:
 
 
 def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.Signals]) -> int:
-    if scorer is None:
+    checked = None
+    if settings.routes is not None and scorer is None:
+        from spinf_stream.device import choose
+
+        checked = check_routes_file(settings, models=False)
+        outputs = [*checked.router.output_topics, checked.file.dead_letter_topic]
+        run_check(check_run_topics(settings, inputs=checked.file.input_topics, outputs=outputs, routes_file=checked.path))
+        check_routes_file(settings)
+        choose(settings.device, settings.dtype)
+        settings = settings.model_copy(update={"dlq_topic": checked.file.dead_letter_topic})
+    elif scorer is None:
         check_scoring(settings, model=False)
         run_check(check_run_topics(settings))
         check_scoring(settings)
     try:
         with operations(settings) as telemetry, EngineThread() as engine_thread:
-            if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
-                scorer = engine_thread.call(load_engine_timed, settings, telemetry)
+            if checked is not None:  # the engine pool, each route's first model loaded
+                service = routed_service(settings, checked, telemetry, engine_thread)
+            else:
+                if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
+                    scorer = engine_thread.call(load_engine_timed, settings, telemetry)
+                service = ScoringService(settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
             if caught:  # nothing consumed; ended like a forced stop (the engine's native threads)
                 _exit_now(EXIT_OK)
-            service = ScoringService(settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
             code = asyncio.run(serve(service))
             if code == EXIT_INTERRUPTED:
                 _exit_now(code)
@@ -283,3 +307,103 @@ def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.S
     except OperationsError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
+
+
+#: Flags a routes file replaces (each route names its topics, packs, models, calibrations, budgets).
+ROUTE_FLAGS = ("input_topic", "output_topic", "dlq_topic", "pack", "model", "calibration", "token_budget")
+
+
+@dataclass(frozen=True)
+class CheckedRoutes:
+    """A routes file checked before any weight loads: the file, its path, each lane's pack (by
+    lane key), and the router."""
+
+    file: RoutesFile
+    path: str
+    packs: dict[str, Any]
+    router: Router
+
+
+def check_routes_file(settings: ScoringSettings, *, models: bool = True) -> CheckedRoutes:
+    """``--routes``: no flag it replaces is given, the file is valid, every pack and calibration
+    loads, and (with ``models``) every model reference resolves; no weights are read.
+
+    Raises:
+        UsageError: naming the file and key, or the flags given beside ``--routes``.
+    """
+    from spinf_stream.errors import UsageError
+    from spinf_stream.routes import check_routes, load_routes
+    from spinf_stream.stream.routing import router_for
+
+    assert settings.routes is not None
+    given = [f for f in ROUTE_FLAGS if f in settings.model_fields_set]
+    if given:
+        flags = ", ".join("--" + f.replace("_", "-") for f in given)
+        raise UsageError(f"{flags} and --routes: the routes file names topics, packs and models; give them there")
+    path = str(settings.routes)
+    routes = load_routes(path)
+    packs = check_routes(routes, path, input_format=settings.input_format, models=models)
+    router = router_for(routes, {k: (str(p.name), str(p.version)) for k, p in packs.items()})
+    return CheckedRoutes(routes, path, packs, router)
+
+
+def load_pool(settings: ScoringSettings, checked: CheckedRoutes, telemetry: StreamTelemetry) -> tuple[Any, dict[str, Any]]:
+    """On the engine thread: size its threads, make the engine pool (``--model-memory-budget``,
+    ``--model-idle-evict-s``), register every lane (tokenizers, calibrations: no weights), then
+    load each route's first model in turn (each load timed as ``spinf.model.load.duration``).
+    Returns ``(pool, {lane key: lane scorer})``.
+
+    Raises:
+        UsageError: a lane that cannot be made (a calibration for other weights, ...), naming the
+            file and key.
+    """
+    from spinf_stream.device import choose
+    from spinf_stream.engine.pool import EnginePool, ModelLoadFailed
+    from spinf_stream.errors import UsageError
+
+    placement = choose(settings.device, settings.dtype)
+    threads = prepare_engine_thread()
+    budget = int(settings.model_memory_budget * 2**30) if settings.model_memory_budget else None
+    pool = EnginePool(
+        device=placement.device, dtype=placement.dtype, threads=threads, budget_bytes=budget,
+        idle_evict_s=settings.model_idle_evict_s, allow_unstable_bits=settings.allow_unstable_bits,
+    )
+    lanes: dict[str, Any] = {}
+    for i, route in enumerate(checked.file.routes):
+        for j, p in enumerate(route.packs):
+            if p.lane in lanes:
+                continue
+            try:
+                lanes[p.lane] = pool.lane(
+                    checked.packs[p.lane], p.model, token_budget=p.token_budget, calibration=p.calibration,
+                    special_tokens_in_fields=settings.special_tokens_in_fields,
+                )
+            except Exception as e:
+                raise UsageError(f"{checked.path}: routes[{i}].packs[{j}]: {type(e).__name__}: {e}") from None
+    for route in checked.file.routes:
+        model = route.packs[0].model
+        log.info("loading model %s (the first of a route) on %s (%s)", model, placement.device, placement.dtype)
+        t0 = time.perf_counter()
+        try:
+            pool.ensure(model)
+        except ModelLoadFailed as e:  # its route's records are dead-lettered; the others are scored
+            log.error("%s; the records of its packs go to the dead-letter topic as %s", e, e.error_kind)
+            continue
+        telemetry.model_load_time(time.perf_counter() - t0)
+    telemetry.watch_models(lambda: ModelsSample(
+        tuple((x.name, x.bytes) for x in pool.loaded), pool.loads, pool.evictions))
+    return pool, lanes
+
+
+def routed_service(
+    settings: RunSettings, checked: CheckedRoutes, telemetry: StreamTelemetry, engine_thread: EngineThread
+) -> ScoringService:
+    """The service of a routes file: its engine pool and lanes made on ``engine_thread``
+    (:func:`load_pool`), the pool's idle eviction as housekeeping, the scheduling flags."""
+    pool, lanes = engine_thread.call(load_pool, settings, checked, telemetry)
+    return ScoringService(
+        settings.model_copy(update={"dlq_topic": checked.file.dead_letter_topic}), lanes=lanes, router=checked.router,
+        telemetry=telemetry, engine_thread=engine_thread,
+        budgets={k: p.token_budget for k, p in checked.file.lanes().items()}, housekeeping=pool.evict_idle,
+        fairness_cap=settings.fairness_cap, swap_wait_s=settings.model_swap_wait_ms / 1000,
+    )

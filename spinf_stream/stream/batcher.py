@@ -45,6 +45,8 @@ class Batcher(Generic[T]):
         max_messages: most items in a batch.
         window_s: latency window in seconds (0 = hand out as soon as asked).
         clock: monotonic clock in seconds (injected by tests).
+        changed: the event set on every change (default: its own); batchers that share one are
+            waited on together (:class:`~spinf_stream.stream.scheduler.Scheduler`).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Batcher(Generic[T]):
         max_messages: int,
         window_s: float,
         clock: Callable[[], float] = time.monotonic,
+        changed: asyncio.Event | None = None,
     ) -> None:
         if token_budget < 1 or max_messages < 1 or window_s < 0:
             raise ValueError("token_budget and max_messages must be >= 1, window_s >= 0")
@@ -64,7 +67,7 @@ class Batcher(Generic[T]):
         self._open: _Batch[T] | None = None
         self._draining = False
         self._backlog = False
-        self._changed = asyncio.Event()  # set on every change; next_batch waits on it
+        self._changed = changed if changed is not None else asyncio.Event()  # set on every change
 
     # -- pure bookkeeping ---------------------------------------------------------------------
 
@@ -114,6 +117,13 @@ class Batcher(Generic[T]):
         if self._backlog:
             return None
         return max(0.0, self._open.opened_at + self.window_s - now)
+
+    def ready_since(self, now: float | None = None) -> float | None:
+        """When the batch :meth:`take` would return was opened (clock seconds), or ``None`` when
+        none is ready."""
+        if self.seconds_until_ready(now) != 0.0:
+            return None
+        return self._closed[0].opened_at if self._closed else self._open.opened_at if self._open else None
 
     def set_backlog(self, waiting: bool) -> None:
         """Say whether more input is already there (read from the broker and being tokenized, or
@@ -168,7 +178,8 @@ class Batcher(Generic[T]):
                 return batch
             self._changed.clear()
             wait = self.seconds_until_ready()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=wait)
+            try:  # asyncio.timeout, not wait_for: a cancel arriving as the wait times out stays a cancel
+                async with asyncio.timeout(wait):
+                    await self._changed.wait()
             except TimeoutError:
                 pass

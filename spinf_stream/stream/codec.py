@@ -91,19 +91,22 @@ def decode_record(
     input_format: InputFormat,
     text_field: str,
     max_bytes: int | None,
-    pack_name: str,
-    pack_version: str,
+    pack_name: str | None = None,
+    pack_version: str | None = None,
 ) -> Decoded | Rejection:
     """The message of one consumed record (:func:`decode_value`), or why it is none: also
-    ``undecodable_record`` and ``unknown_pack`` (:func:`check_pack_header`; the rejection keeps
-    the id the value gave, if any). Never raises for bad input."""
+    ``undecodable_record`` and, given ``pack_name``, ``unknown_pack`` (:func:`check_pack_header`;
+    the rejection keeps the id the value gave, if any; the service routes by the header instead,
+    :mod:`~spinf_stream.stream.routing`). Never raises for bad input."""
     if isinstance(rec, UndecodableRecord):
         return Rejection("undecodable_record", f"the Kafka client cannot parse this record: {rec.reason}")
     decoded = decode_value(
         rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
         input_format=input_format, text_field=text_field, max_bytes=max_bytes,
     )
-    wrong_pack = check_pack_header(rec.headers, pack_name=pack_name, pack_version=pack_version)
+    if pack_name is None:
+        return decoded
+    wrong_pack = check_pack_header(rec.headers, pack_name=pack_name, pack_version=pack_version or "")
     if wrong_pack is not None:
         given = decoded.id if isinstance(decoded, Decoded) and decoded.id_given else None
         return Rejection(wrong_pack.kind, wrong_pack.message, given)

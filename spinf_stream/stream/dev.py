@@ -21,10 +21,13 @@ from spinf_stream.errors import UsageError
 from spinf_stream.stream.app import (
     EXIT_CONFIG,
     EXIT_OK,
+    CheckedRoutes,
     OperationsError,
+    check_routes_file,
     check_scoring,
     configure_logging,
     load_engine_timed,
+    routed_service,
     operations,
     serve,
 )
@@ -59,13 +62,13 @@ class _Shown:
     ``--input``; records read before their offsets are known wait), as JSON lines on stdout, into
     ``--records``, or as a table printed when dev stops."""
 
-    def __init__(self, settings: DevSettings) -> None:
+    def __init__(self, settings: DevSettings, packs: list[Any] | None = None) -> None:
         from spinf_stream.packs import load_pack
 
-        pack = load_pack(settings.pack)
+        packs = packs or [load_pack(settings.pack)]  # with --routes: every pack, in the file's order
         self.mode = settings.print
-        self.text_field = pack.fields[0]
-        self.questions = [q.id for q in pack.expand()]
+        self.text_field = packs[0].fields[0]
+        self.questions = {str(p.name): [q.id for q in p.expand()] for p in packs}
         self.expected: set[tuple[str, int, int]] | None = None
         self.waiting = settings.input is not None
         self.held: list[tuple[Any, tuple[str, int, int] | None]] = []
@@ -117,33 +120,46 @@ class _Shown:
 
             from spinf_stream.table import ResultsView
 
-            view = ResultsView(self.questions)
+            first = next(iter(self.questions))
+            views = {name: ResultsView(q) for name, q in self.questions.items()}  # a table per pack
             for _, plain, text in sorted(self.rows, key=lambda r: r[0]):
-                view.add(plain, text)
-            view.print(Console(), seconds)
+                views.get(str((plain.get("pack") or {}).get("name")), views[first]).add(plain, text)
+            for name, view in views.items():
+                if len(views) > 1:
+                    print(f"pack {name}:", flush=True)
+                view.print(Console(), seconds)
         if self.file is not None:
             print(f"records (JSON Lines, one per message): {self.file.name}", file=sys.stderr, flush=True)
 
 
 async def run_dev_async(
     settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None,
-    engine_thread: EngineThread | None = None,
+    engine_thread: EngineThread | None = None, checked: CheckedRoutes | None = None,
 ) -> int:
+    """Create the topics, run the scorer (``scorer``, or with ``--routes`` the ``checked`` routes'
+    engine pool, made on ``engine_thread``), publish ``--input`` and show the records."""
     run_settings = dev_run_settings(settings, broker.bootstrap_servers)
     kafka = run_settings.client_kwargs()
-    topics = [*run_settings.input_topic, run_settings.output_topic, run_settings.dlq_topic]
-    await ensure_topics(kafka, topics, partitions=settings.partitions)
-    service = ScoringService(run_settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
+    if checked is None:
+        inputs, outputs = list(run_settings.input_topic), [run_settings.output_topic, run_settings.dlq_topic]
+        service = ScoringService(run_settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
+        packs = None
+    else:
+        assert engine_thread is not None and telemetry is not None
+        inputs, outputs = checked.file.input_topics, [*checked.router.output_topics, checked.file.dead_letter_topic]
+        service = routed_service(run_settings, checked, telemetry, engine_thread)
+        packs = list({str(p.name): p for p in checked.packs.values()}.values())
+    await ensure_topics(kafka, list(dict.fromkeys([*inputs, *outputs])), partitions=settings.partitions)
     scorer_task = asyncio.create_task(serve(service))
 
     expected: set[tuple[str, int, int]] | None = None
     seen: set[tuple[str, int, int]] = set()
     done = asyncio.Event()
-    shown = _Shown(settings)
+    shown = _Shown(settings, packs)
     started = time.perf_counter()
 
     async def printer() -> None:
-        async for rec in read_topics(kafka, [run_settings.output_topic, run_settings.dlq_topic]):
+        async for rec in read_topics(kafka, list(dict.fromkeys(outputs))):
             try:
                 src = orjson.loads(rec.value)["source"]
                 key: tuple[str, int, int] | None = (src["topic"], src["partition"], src["offset"])
@@ -161,7 +177,7 @@ async def run_dev_async(
         if settings.input is not None:
             lines = _read_input(settings.input)
             await service.assigned.wait()
-            topic = run_settings.input_topic[0]
+            topic = inputs[0]
             metas = await produce_lines(kafka, topic, lines, key_field=settings.key_field)
             expected = {(topic, m.partition, m.offset) for m in metas}
             shown.published(topic, lines, metas)
@@ -199,15 +215,21 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
         check_input_file(settings.input, "--input", "SPINF_INPUT")
     if settings.records is not None:
         check_output_file(settings.records, "--records", "SPINF_RECORDS", input_path=settings.input)
-    if scorer is None:
+    checked = None
+    if settings.routes is not None and scorer is None:
+        from spinf_stream.device import choose
+
+        checked = check_routes_file(settings)
+        choose(settings.device, settings.dtype)
+    elif scorer is None:
         check_scoring(settings)
     broker = EmbeddedBroker(settings.port).start()
     try:
         print(f"embedded Kafka broker (Tansu) on {broker.bootstrap_servers}", file=sys.stderr, flush=True)
         with operations(settings, endpoint_required=False) as telemetry, EngineThread() as engine_thread:
-            if scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
+            if checked is None and scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
                 scorer = engine_thread.call(load_engine_timed, settings, telemetry)
-            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry, engine_thread))
+            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry, engine_thread, checked))
             return EXIT_OK if code is None else code
     except OperationsError as exc:
         log.error("%s", exc)

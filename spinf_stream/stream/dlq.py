@@ -193,20 +193,25 @@ def dead_letter_bytes(record: DeadLetterRecord) -> bytes:
 def output_headers(
     input_headers: Sequence[RawHeader] | None,
     *,
-    pack_name: str,
-    pack_version: str,
-    model: ModelRef,
+    pack_name: str | None,
+    pack_version: str | None,
+    model: ModelRef | None,
     error_kind: str | None = None,
 ) -> list[tuple[str, bytes]]:
     """Headers of a written record: ``spinf-pack`` (``name@version``), ``spinf-model`` (its name),
-    ``spinf-device`` (``cpu``/``cuda``), ``spinf-dtype``, ``spinf-error-kind`` (dead letters only),
-    then ``traceparent``/``tracestate`` from the input (dropped when longer than the W3C sizes)."""
-    out = [
-        ("spinf-pack", f"{pack_name}@{pack_version}".encode()),
-        ("spinf-model", model.name.encode()),
-        ("spinf-device", model.device.encode()),
-        ("spinf-dtype", model.dtype.encode()),
-    ]
+    ``spinf-device`` (``cpu``/``cuda``), ``spinf-dtype`` (each left out when the record has no
+    pack or model: a dead letter of a record no pack read), ``spinf-error-kind`` (dead letters
+    only), then ``traceparent``/``tracestate`` from the input (dropped when longer than the W3C
+    sizes)."""
+    out: list[tuple[str, bytes]] = []
+    if pack_name is not None:
+        out.append(("spinf-pack", f"{pack_name}@{pack_version}".encode()))
+    if model is not None:
+        out += [
+            ("spinf-model", model.name.encode()),
+            ("spinf-device", model.device.encode()),
+            ("spinf-dtype", model.dtype.encode()),
+        ]
     if error_kind is not None:
         out.append(("spinf-error-kind", error_kind.encode()))
     for k, v in input_headers or ():

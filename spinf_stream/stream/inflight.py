@@ -1,7 +1,8 @@
 """What the member holds in flight: per assigned partition, its consumed records in input order.
 
 A :class:`Slot` is one consumed record on its way through the service, from the poll until the
-broker acknowledges the record written for it; a :class:`Partition` holds the slots of one
+broker acknowledges every record written for it (one per pack of its route, or one dead letter);
+a :class:`Partition` holds the slots of one
 assigned partition in offset order, their offsets (:mod:`~spinf_stream.stream.offsets`) and
 timestamps. :class:`Inflight` holds the partitions.
 """
@@ -19,6 +20,7 @@ from aiokafka.structs import ConsumerRecord
 from spinf_stream.stream.fetch_guard import UndecodableRecord
 from spinf_stream.stream.offsets import PartitionOffsets
 from spinf_stream.stream.records import Truncation
+from spinf_stream.stream.routing import Target
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -39,20 +41,38 @@ class Outgoing:
     key: bytes | None
     headers: list[tuple[str, bytes]]
     error_type: str | None = None  # the dead-letter kind; None for a score
+    batch: BatchTrace | None = None  # telemetry's trace of the engine batch it came from
+    span: Span | None = None  # telemetry's span of the written record (tracing only)
+    pack: str | None = None  # the pack and model it is for (None: a dead letter no pack read)
+    model: str | None = None
 
 
 @dataclass(eq=False, slots=True)
 class Slot:
-    """One consumed record on its way through the service."""
+    """One consumed record on its way through the service.
+
+    ``targets``: the records it owes (:class:`~spinf_stream.stream.routing.Target`, one per pack
+    of its route); ``outs``: the record built for each (``None`` until built; a record-level dead
+    letter replaces them all); ``owed``: written records not yet acknowledged."""
 
     record: Record
     part: Partition
     read_at: float = 0.0  # time.monotonic() when consumed
     message_id: str | None = None
-    truncated: Truncation | None = None
-    out: Outgoing | None = None  # set once the record to write is built
-    batch: BatchTrace | None = None  # telemetry's trace of the engine batch it was in
-    span: Span | None = None  # telemetry's span of the written record (tracing only)
+    targets: tuple[Target, ...] = ()
+    outs: list[Outgoing | None] = field(default_factory=lambda: [None])
+    owed: int = 0
+    truncated: dict[int, Truncation] = field(default_factory=dict)  # by target index
+
+    @property
+    def built(self) -> bool:
+        """Every record it owes is built."""
+        return all(o is not None for o in self.outs)
+
+    def owe(self, targets: tuple[Target, ...]) -> None:
+        """Owe one record per target."""
+        self.targets = targets
+        self.outs = [None] * len(targets)
 
 
 @dataclass(eq=False)
@@ -67,8 +87,8 @@ class Partition:
     stamps: deque[tuple[int, int]] = field(default_factory=deque)
 
 
-#: A message in the batcher or the engine: its slot and its tokenized form.
-Entry: TypeAlias = "tuple[Slot, PreparedMessage]"
+#: A message in the batcher or the engine: its slot, the index of its target, its tokenized form.
+Entry: TypeAlias = "tuple[Slot, int, PreparedMessage]"
 
 
 class Inflight:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -47,7 +48,9 @@ class LagSampler:
         stats: ServiceStats,
         telemetry: StreamTelemetry,
         auto_offset_reset: str,
+        queues: Callable[[], tuple[tuple[str, str, int], ...]] = tuple,
     ) -> None:
+        self._queues = queues  # (pack, model, messages waiting) per lane
         self._consumer = consumer
         self._inflight = inflight
         self._stats = stats
@@ -99,7 +102,8 @@ class LagSampler:
             samples.append(PartitionSample(tp.topic, tp.partition, lag, oldest, tp in paused))
         st = self._stats
         return Sample(
-            tuple(samples), self._inflight.unacked(), st.consumed, st.scored, st.dead_lettered, self._waiting(paused, committed)
+            tuple(samples), self._inflight.unacked(), st.consumed, st.scored, st.dead_lettered, self._waiting(paused, committed),
+            self._queues(),
         )
 
     def _waiting(self, paused: set[TopicPartition], committed: dict[TopicPartition, int | None]) -> int:

@@ -2,8 +2,9 @@
 
 Messages are tokenized in chunks of :data:`PREPARE_CHUNK`, so that a full batch can start before a
 large fetch is all tokenized (the batcher holds a partial one while the rest is tokenized). A
-prepared message goes to the batcher; one the engine rejects (``too_long``, ``too_slow``, ...)
-is dead-lettered.
+message is prepared once per target (pack) of its route, by that lane's scorer; each prepared
+message goes to its lane's batcher, and one the lane rejects (``too_long``, ``too_slow``, ...) is
+dead-lettered for that pack alone.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from spinf_stream.config import RunSettings
-from spinf_stream.stream.batcher import Batcher
 from spinf_stream.stream.inflight import Entry, Partition, Slot
+from spinf_stream.stream.scheduler import Scheduler
 from spinf_stream.stream.scorer import MessageFactory, Prepared, Scorer, is_error, prepare_messages
 from spinf_stream.stream.writer import Writer
 
@@ -33,16 +34,21 @@ class Preparer:
     :func:`~spinf_stream.stream.scorer.prepare_messages`.
 
     Args:
+        scorers: each lane's scorer, by lane key.
+        text_fields: with ``--input-format text``, the field each lane's pack reads (the raw
+            text is decoded into the field ``text`` and renamed per lane); ``None`` for JSON.
         changed: called after each chunk (``pending`` dropped).
     """
 
     def __init__(
-        self, settings: RunSettings, scorer: Scorer, batcher: Batcher[Entry], writer: Writer, changed: Callable[[], None]
+        self, settings: RunSettings, scorers: dict[str, Scorer], scheduler: Scheduler[Entry], writer: Writer,
+        changed: Callable[[], None], text_fields: dict[str, str] | None = None,
     ) -> None:
         self._too_long = settings.too_long
         self._max_prepare_s = settings.max_prepare_s
-        self._scorer = scorer
-        self._batcher = batcher
+        self._scorers = scorers
+        self._text_fields = text_fields
+        self._scheduler = scheduler
         self._writer = writer
         self._changed = changed
         #: records queued and not yet tokenized
@@ -65,29 +71,38 @@ class Preparer:
             while len(chunk) < PREPARE_CHUNK and not q.empty():
                 chunk.append(q.get_nowait())
             try:
-                live = [(slot, m) for slot, m in chunk if not slot.part.revoked]
-                prepared: list[Prepared] = []
-                if live:
-                    prepared = await loop.run_in_executor(
-                        self._pool, prepare_messages, self._scorer, make_message,
-                        [m for _, m in live], self._too_long, self._max_prepare_s,
-                    )
-                touched: dict[TopicPartition, Partition] = {}
-                for (slot, _), p in zip(live, prepared):
+                by_lane: dict[str, list[tuple[Slot, int, tuple[str, dict[str, Any]]]]] = {}
+                for slot, (mid, fields) in chunk:
                     if slot.part.revoked:
                         continue
-                    slot.truncated = p.truncated
-                    item = p.item
-                    if is_error(item):
-                        kind = item.error.kind
-                        if kind == "too_slow":
-                            log.warning("%s[%d]@%d: %s", slot.record.topic, slot.record.partition, slot.record.offset,
-                                        item.error.message)
-                        policy = self._too_long if kind == "too_long" else None
-                        self._writer.dead_letter(slot, kind, item.error.message, message_id=slot.message_id, policy=policy)
-                        touched[slot.part.tp] = slot.part
-                    else:
-                        self._batcher.add((slot, item), int(item.cost_tokens))
+                    for i, target in enumerate(slot.targets):
+                        own = fields
+                        if self._text_fields is not None:  # the raw text, in the field this pack reads
+                            own = {self._text_fields[target.lane]: next(iter(fields.values()))}
+                        by_lane.setdefault(target.lane, []).append((slot, i, (mid, own)))
+                touched: dict[TopicPartition, Partition] = {}
+                for lane, items in by_lane.items():
+                    prepared: list[Prepared] = await loop.run_in_executor(
+                        self._pool, prepare_messages, self._scorers[lane], make_message,
+                        [m for _, _, m in items], self._too_long, self._max_prepare_s,
+                    )
+                    for (slot, i, _), p in zip(items, prepared):
+                        if slot.part.revoked:
+                            continue
+                        if p.truncated is not None:
+                            slot.truncated[i] = p.truncated
+                        item = p.item
+                        if is_error(item):
+                            kind = item.error.kind
+                            if kind == "too_slow":
+                                log.warning("%s[%d]@%d: %s", slot.record.topic, slot.record.partition,
+                                            slot.record.offset, item.error.message)
+                            policy = self._too_long if kind == "too_long" else None
+                            self._writer.dead_letter(slot, kind, item.error.message, index=i,
+                                                     message_id=slot.message_id, policy=policy)
+                            touched[slot.part.tp] = slot.part
+                        else:
+                            self._scheduler.add(lane, (slot, i, item), int(item.cost_tokens))
                 for part in touched.values():
                     self._writer.release(part)
             finally:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from spinf_stream.stream.batcher import Batcher
 from spinf_stream.stream.committer import Committer
+from spinf_stream.stream.scheduler import Scheduler
 from spinf_stream.stream.inflight import Entry, Inflight
 from spinf_stream.stream.stats import ServiceStats
 from spinf_stream.telemetry import StreamTelemetry
@@ -38,7 +38,7 @@ class Rebalance(ConsumerRebalanceListener):
         self,
         inflight: Inflight,
         committer: Committer,
-        batcher: Batcher[Entry],
+        batcher: Scheduler[Entry],
         stats: ServiceStats,
         telemetry: StreamTelemetry,
         *,

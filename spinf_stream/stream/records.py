@@ -86,7 +86,8 @@ class DeadLetterError(ErrorInfo):
     ``too_long`` (the text does not fit the model, or the value exceeds ``--max-message-bytes``;
     see ``policy``), ``too_slow`` (preparing the message took longer than
     ``--max-prepare-s``), ``unknown_pack`` (the record's ``spinf-pack`` header asks for a pack
-    this scorer does not run), ``undecodable_record`` (the Kafka client could not parse the record:
+    its route does not score), ``no_route`` (no route of ``--routes`` takes the record's topic and
+    headers), ``model_load_failed`` (the pack's model could not be loaded), ``undecodable_record`` (the Kafka client could not parse the record:
     a header key that is not UTF-8, a corrupt batch, an unknown compression codec),
     ``record_too_large`` (the score record would exceed the size the producer or topic accepts),
     ``engine_error`` (the engine failed on this message alone), or another kind the engine reports.
@@ -116,8 +117,8 @@ class DeadLetterRecord(BaseModel):
         default_factory=list,
         description="The parts of the input record kept only in part (a prefix), with their full sizes and sha256; empty when the dead letter holds the whole record.",
     )
-    pack: dict[str, str] | None = Field(None, description="The pack this scorer runs: {name, version}.")
-    model: ModelRef | None = Field(None, description="The model this scorer runs, and how (device, dtype, kernels).")
+    pack: dict[str, str] | None = Field(None, description="The pack this dead letter is for: {name, version}; null for a record no pack read whose route has several.")
+    model: ModelRef | None = Field(None, description="That pack's model, and how it runs (device, dtype, kernels); null with pack.")
 
 
 SCHEMA_FILES: dict[str, type[BaseModel]] = {

@@ -224,13 +224,18 @@ def _truncate_to_fit(
 def run_isolating(scorer: Scorer, prepared: Sequence[PreparedMessage]) -> list[ScoreRecord | ErrorRecord]:
     """``scorer.run(prepared)``; if it raises, run the items one by one so that one message the
     engine cannot handle fails alone (as an ``engine_error`` record) instead of its whole batch.
-    Blocking (forward passes)."""
+    An exception with a string ``error_kind`` (a model that failed to load) makes every item an
+    error record of that kind, without a retry. Blocking (forward passes)."""
     try:
         records = list(scorer.run(list(prepared)))
         if len(records) != len(prepared):
             raise RuntimeError(f"engine.run returned {len(records)} records for {len(prepared)} items")
         return records
     except Exception as exc:
+        kind = getattr(exc, "error_kind", None)
+        if isinstance(kind, str):  # the scorer cannot run at all now (its model failed to load): every item
+            log.error("%s: %d messages dead-lettered as %s", exc, len(prepared), kind)
+            return [ErrorRecord(id=p.id, error=ErrorInfo(kind=kind, message=str(exc)[:1000])) for p in prepared]
         if len(prepared) == 1:
             log.exception("engine failed on one message")
             return [

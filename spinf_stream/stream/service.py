@@ -28,12 +28,19 @@ for input that trickles in, not for records already read or waiting in the broke
 :mod:`~spinf_stream.stream.batcher`), and when a batch finishes the next one goes to the engine
 before the finished one's records are built, written and acknowledged.
 
+Routes and lanes: a record is scored by every pack of its route
+(:mod:`~spinf_stream.stream.routing`), each pack by its *lane* (a scorer: one pack on one model,
+with its token budget and calibration) with its own micro-batcher; the engine thread runs one
+lane's batch at a time, picked by :mod:`~spinf_stream.stream.scheduler`'s policy. One scorer given
+alone makes the one route of the flags.
+
 Delivery (at-least-once):
 
-- every consumed record gets exactly one written record: a score on the output topic or a
-  dead-letter record; they are written in input order per partition, keyed like the input;
-- a partition's offset is committed only up to its highest contiguous offset whose written record
-  the broker acknowledged;
+- every consumed record gets one written record per pack of its route: a score on that pack's
+  output topic or a dead-letter record for that pack (a record no pack can read gets one dead
+  letter); they are written in input order per partition, keyed like the input;
+- a partition's offset is committed only up to its highest contiguous offset whose written records
+  the broker all acknowledged;
 - on a rebalance, in-flight work of revoked partitions is finished (up to a grace period) or
   dropped, and what was acknowledged is committed, before the partitions move;
 - :meth:`ScoringService.stop` (SIGTERM/SIGINT) drains: no new records, the open batch runs at
@@ -48,24 +55,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from spinf_stream.config import RunSettings
-from spinf_stream.engine.results import ErrorRecord, ScoreRecord
+from spinf_stream.engine.results import ErrorRecord, ModelRef, ScoreRecord
 from spinf_stream.messages import text_field
 from spinf_stream.stream import fetch_guard
-from spinf_stream.stream.batcher import Batcher
-from spinf_stream.stream.codec import Rejection, decode_record
+from spinf_stream.stream.codec import TEXT_FIELD, Rejection, decode_record
 from spinf_stream.stream.committer import Committer
 from spinf_stream.stream.engine_thread import EngineThread
 from spinf_stream.stream.inflight import Entry, Inflight, Record
 from spinf_stream.stream.lag import LagSampler, more_in_broker
 from spinf_stream.stream.preparer import Preparer
 from spinf_stream.stream.rebalance import Rebalance
+from spinf_stream.stream.routing import Router, StreamRoute, Target
+from spinf_stream.stream.scheduler import Scheduler
 from spinf_stream.stream.scorer import (
     MessageFactory,
     Scorer,
@@ -87,6 +95,10 @@ __all__ = ["ProduceFailed", "ScoringService", "ServiceStats"]
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
+#: While no batch is ready, the engine thread runs the housekeeping (idle model eviction) this often (s).
+HOUSEKEEPING_S = 1.0
+#: The lane key of a scorer given alone (the one route of the flags).
+DEFAULT_LANE = "default"
 #: After :meth:`ScoringService.abort`: the longest wait for the producer's flush, and for the
 #: final commit, each (s).
 ABORT_WAIT_S = 5.0
@@ -94,9 +106,10 @@ ABORT_WAIT_S = 5.0
 
 @dataclass(eq=False, slots=True)
 class _Running:
-    """A batch in the engine: its records' slots and prepared messages, packed tokens, telemetry
-    trace, and the future of ``run_measured``."""
+    """A batch in the engine: its lane, its entries (slot, target index, prepared message), packed
+    tokens, telemetry trace, and the future of ``run_measured``."""
 
+    lane: str
     live: list[Entry]
     tokens: int
     trace: BatchTrace
@@ -111,7 +124,15 @@ class ScoringService:
 
     Args:
         settings: topics, group, batching and Kafka client settings.
-        scorer: the engine (see :class:`spinf_stream.stream.scorer.Scorer`).
+        scorer: the engine (see :class:`spinf_stream.stream.scorer.Scorer`) of the one route the
+            flags make (``--input-topic`` → ``--output-topic``); or give ``lanes`` and ``router``.
+        lanes: each lane's scorer, by lane key; a scorer with a ``loaded`` attribute says whether
+            its model is in memory (:mod:`~spinf_stream.stream.scheduler`).
+        router: the routes, their targets naming the lanes.
+        budgets: each lane's token budget (default ``--token-budget``).
+        housekeeping: run on the engine thread about every :data:`HOUSEKEEPING_S` while no batch
+            is ready (the engine pool's idle eviction).
+        fairness_cap, swap_wait_s: the scheduling policy's (:class:`~spinf_stream.stream.scheduler.Scheduler`).
         make_message: ``(id, fields) -> message`` for ``scorer.prepare``; default: the engine's
             ``Message``.
         settle_timeout_s: on a rebalance, how long to wait for in-flight work of revoked
@@ -126,34 +147,55 @@ class ScoringService:
     def __init__(
         self,
         settings: RunSettings,
-        scorer: Scorer,
+        scorer: Scorer | None = None,
         *,
+        lanes: Mapping[str, Scorer] | None = None,
+        router: Router | None = None,
+        budgets: Mapping[str, int] | None = None,
         make_message: MessageFactory | None = None,
         settle_timeout_s: float | None = None,
         telemetry: StreamTelemetry | None = None,
         engine_thread: EngineThread | None = None,
+        housekeeping: Callable[[], object] | None = None,
+        fairness_cap: int = 4,
+        swap_wait_s: float = 2.0,
     ) -> None:
+        if (scorer is None) == (lanes is None) or (lanes is None) != (router is None):
+            raise TypeError("give a scorer, or lanes and a router")
+        if scorer is not None:
+            lanes = {DEFAULT_LANE: scorer}
+            router = Router([StreamRoute(
+                frozenset(settings.input_topic), (),
+                (Target(DEFAULT_LANE, str(scorer.pack.name), str(scorer.pack.version), settings.output_topic),),
+            )])
+        assert lanes is not None and router is not None
         self.settings = settings
-        self.scorer = scorer
+        self.lanes = dict(lanes)
+        self.router = router
+        self.scorer = next(iter(self.lanes.values()))
         self.telemetry = telemetry if telemetry is not None else StreamTelemetry.off()
-        self.telemetry.scorer_ready(scorer_info(scorer))
+        self._budgets = {k: (budgets or {}).get(k, settings.token_budget) for k in self.lanes}
+        self._info = {k: scorer_info(s) for k, s in self.lanes.items()}  # pack and model of each lane's metrics
+        for k in self.lanes:
+            self.telemetry.scorer_ready({**self._info[k], "token_budget": str(self._budgets[k])})
         self._make_message = make_message
         self.stats = ServiceStats()
         self._settle_timeout_s = (
             settle_timeout_s if settle_timeout_s is not None else min(30.0, settings.max_poll_interval_ms / 4000)
         )
-        self._pack = (str(scorer.pack.name), str(scorer.pack.version))
-        self._model = scorer.model_info
-        # --input-format text: each value is the text of the pack's one field (checked here too)
-        self._text_field = (
-            text_field(tuple(scorer.pack.fields), self._pack[0]) if settings.input_format == "text" else "text"
+        # --input-format text: each value is the text of the one field of each lane's pack
+        text_fields = (
+            {k: text_field(tuple(s.pack.fields), str(s.pack.name)) for k, s in self.lanes.items()}
+            if settings.input_format == "text" else None
         )
         self._inflight = Inflight()
-        self._batcher: Batcher[Entry] = Batcher(
-            settings.token_budget, settings.max_batch_messages, settings.window_ms / 1000
+        self._scheduler: Scheduler[Entry] = Scheduler(
+            self._budgets, settings.max_batch_messages,
+            settings.window_ms / 1000, loaded=self._lane_loaded, fairness_cap=fairness_cap, swap_wait_s=swap_wait_s,
         )
-        self._writer = Writer(settings, self._pack, self._model, self.telemetry, self.stats, self._inflight, self._fail)
-        self._preparer = Preparer(settings, scorer, self._batcher, self._writer, self._update_backlog)
+        self._housekeeping = housekeeping
+        self._writer = Writer(settings, self._model_of, self.telemetry, self.stats, self._inflight, self._fail)
+        self._preparer = Preparer(settings, self.lanes, self._scheduler, self._writer, self._update_backlog, text_fields)
         self._stop_requested = asyncio.Event()
         self._fatal: BaseException | None = None
         self._aborting = False
@@ -167,6 +209,16 @@ class ScoringService:
         self._owns_engine_thread = engine_thread is None
         self._engine_thread = engine_thread if engine_thread is not None else EngineThread()
         fetch_guard.install()
+
+    def _queue_depths(self) -> tuple[tuple[str, str, int], ...]:
+        depths = self._scheduler.depths()
+        return tuple((self._info[k]["pack"], self._info[k]["model"], n) for k, n in depths.items())
+
+    def _model_of(self, lane: str) -> ModelRef | None:
+        return self.lanes[lane].model_info
+
+    def _lane_loaded(self, lane: str) -> bool:
+        return bool(getattr(self.lanes[lane], "loaded", True))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -213,24 +265,28 @@ class ScoringService:
         consumer = self._consumer = _consumer(s, kafka)
         committer = Committer(consumer, self._inflight, self.stats, self.telemetry, s.commit_interval_ms / 1000)
         rebalance = Rebalance(
-            self._inflight, committer, self._batcher, self.stats, self.telemetry,
+            self._inflight, committer, self._scheduler, self.stats, self.telemetry,
             settle_timeout_s=self._settle_timeout_s, failed=lambda: self._fatal is not None,
             revoking=self._rebalancing, assigned=self.assigned,
         )
-        lag = LagSampler(consumer, self._inflight, self.stats, self.telemetry, s.auto_offset_reset)
+        lag = LagSampler(consumer, self._inflight, self.stats, self.telemetry, s.auto_offset_reset, self._queue_depths)
         await producer.start()
         self._writer.max_record_bytes = await self._record_limit()
         tasks: list[asyncio.Task[None]] = []
         graceful = False
         try:
-            consumer.subscribe(s.input_topic, listener=rebalance)
+            topics = list(dict.fromkeys(t for r in self.router.routes for t in sorted(r.topics)))
+            consumer.subscribe(topics, listener=rebalance)
             await consumer.start()
             self.telemetry.health.consumer_started()
-            log.info(
-                "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s on %s (%s)",
-                ",".join(s.input_topic), s.output_topic, s.dlq_topic, s.group_id, *self._pack, self._model.name,
-                self._model.device, self._model.dtype,
-            )
+            for route in self.router.routes:
+                for target in route.targets:
+                    m = self._model_of(target.lane)
+                    log.info(
+                        "scoring %s -> %s (dead letters: %s) as group %s with pack %s@%s, model %s on %s (%s)",
+                        ",".join(sorted(route.topics)), target.output_topic, s.dlq_topic, s.group_id, target.pack_name,
+                        target.pack_version, m.name if m else "?", m.device if m else "?", m.dtype if m else "?",
+                    )
             tasks = [
                 asyncio.create_task(self._guard(self._preparer.run(self._make_message)), name="spinf-prepare"),
                 asyncio.create_task(self._guard(self._engine_loop()), name="spinf-engine"),
@@ -249,7 +305,7 @@ class ScoringService:
 
     async def _record_limit(self) -> int:
         """The largest record to write (bytes): see :func:`~spinf_stream.stream.writer.record_limit`."""
-        return await record_limit(self.settings)
+        return await record_limit(self.settings, [*self.router.output_topics, self.settings.dlq_topic])
 
     async def _close(self, graceful: bool, committer: Committer) -> None:
         wait = ABORT_WAIT_S if self._aborting else None
@@ -306,7 +362,7 @@ class ScoringService:
             if self._stop_requested.is_set():
                 if deadline is None:
                     deadline = time.monotonic() + s.shutdown_timeout_s
-                    self._batcher.drain()
+                    self._scheduler.drain()
                 if self._unacked() == 0 and self._ingesting == 0:
                     return True
                 if time.monotonic() > deadline:
@@ -330,7 +386,7 @@ class ScoringService:
     def _update_backlog(self) -> None:
         """Tell the batcher whether input is already there: records being tokenized, or waiting
         in the broker. While it is, a partial batch is held past its window."""
-        self._batcher.set_backlog(self._preparer.pending > 0 or self._broker_backlog)
+        self._scheduler.set_backlog(self._preparer.pending > 0 or self._broker_backlog)
 
     def _rebalancing(self) -> None:
         # No poll returns while the group rebalances: a claim of records waiting in the broker
@@ -371,9 +427,15 @@ class ScoringService:
                 if self.stats.first_consumed_at is None:
                     self.stats.first_consumed_at = time.monotonic()
                 decoded = decode_record(
-                    rec, input_format=s.input_format, text_field=self._text_field, max_bytes=s.max_message_bytes,
-                    pack_name=self._pack[0], pack_version=self._pack[1],
+                    rec, input_format=s.input_format, text_field=TEXT_FIELD, max_bytes=s.max_message_bytes,
                 )
+                routed = self.router.route(rec.topic, rec.headers)
+                if isinstance(routed, Rejection):  # dead letters name the pack when the route has one
+                    slot.owe(self.router.candidates(rec.topic, rec.headers))
+                    given = decoded.id if not isinstance(decoded, Rejection) and decoded.id_given else None
+                    writer.dead_letter(slot, routed.kind, routed.message, message_id=given)
+                    continue
+                slot.owe(routed)
                 if isinstance(decoded, Rejection):
                     policy = s.too_long if decoded.kind == "too_long" else None
                     writer.dead_letter(slot, decoded.kind, decoded.message, message_id=decoded.id, policy=policy)
@@ -393,39 +455,48 @@ class ScoringService:
 
     async def _engine_loop(self) -> None:
         """Keep the engine busy: when a batch finishes, the next one (if ready) goes to the engine
-        thread before the finished batch's records are built and written."""
+        thread before the finished batch's records are built and written. While none is ready,
+        the housekeeping runs on the engine thread about every :data:`HOUSEKEEPING_S`."""
         running: _Running | None = None
+        wait = HOUSEKEEPING_S if self._housekeeping is not None else None
         while True:
             if running is None:
-                running = self._start_batch(await self._batcher.next_batch())
+                got = await self._scheduler.next_batch(wait)
+                if got is None:
+                    assert self._housekeeping is not None
+                    await self._engine_thread.run(self._housekeeping)
+                    continue
+                running = self._start_batch(*got)
                 continue
             records, seconds, work = await running.future
             done = running
             self.stats.engine_seconds += seconds
             self.telemetry.batch_finished(
                 done.trace, seconds, questions_answered(records), work, done.tokens,
-                written=sum(not slot.part.revoked for slot, _ in done.live),
+                written=sum(not slot.part.revoked for slot, _, _ in done.live),
             )
             self.telemetry.answered(answer_counts(records))
-            ready = self._batcher.take()
-            running = self._start_batch(ready) if ready is not None else None
-            self._writer.batch_done([slot for slot, _ in done.live], records, done.trace)
+            ready = self._scheduler.take()
+            running = self._start_batch(*ready) if ready is not None else None
+            self._writer.batch_done([(slot, i) for slot, i, _ in done.live], records, done.trace)
 
-    def _start_batch(self, batch: list[Entry]) -> _Running | None:
-        """Hand ``batch`` (less the records of revoked partitions) to the engine thread."""
-        live = [(slot, item) for slot, item in batch if not slot.part.revoked]
+    def _start_batch(self, lane: str, batch: list[Entry]) -> _Running | None:
+        """Hand ``lane``'s ``batch`` (less the records of revoked partitions) to the engine thread."""
+        live = [e for e in batch if not e[0].part.revoked]
         if not live:
             return None
-        tokens = sum(int(item.cost_tokens) for _, item in live)
+        tokens = sum(int(item.cost_tokens) for _, _, item in live)
         self.stats.batches += 1
         self.stats.batch_messages += len(live)
         self.stats.batch_tokens += tokens
         started = time.monotonic()
+        info = self._info[lane]
         trace = self.telemetry.batch_started(
-            [slot.record.headers for slot, _ in live], [started - slot.read_at for slot, _ in live], tokens
+            [slot.record.headers for slot, _, _ in live], [started - slot.read_at for slot, _, _ in live], tokens,
+            pack=info["pack"], model=info["model"], token_budget=self._budgets[lane],
         )
-        future = self._engine_thread.run(run_measured, self.scorer, [item for _, item in live])
-        return _Running(live, tokens, trace, future)
+        future = self._engine_thread.run(run_measured, self.lanes[lane], [item for _, _, item in live])
+        return _Running(lane, live, tokens, trace, future)
 
 
 def _producer(s: RunSettings, kafka: dict[str, Any]) -> AIOKafkaProducer:

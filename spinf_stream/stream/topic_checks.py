@@ -104,35 +104,44 @@ def _listing(topics: set[str]) -> str:
     return ", ".join(shown[:20]) + (", ..." if len(shown) > 20 else "") if shown else "none"
 
 
-async def check_run_topics(settings: RunSettings, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+async def check_run_topics(
+    settings: RunSettings, timeout_s: float = PREFLIGHT_TIMEOUT_S, *, inputs: list[str] | None = None,
+    outputs: list[str] | None = None, routes_file: str | None = None,
+) -> None:
     """``run``: the broker answers; every input topic exists (or, with ``--allow-missing-topics``,
     a warning); the output and dead-letter topics exist or are created now (with the partition
-    count of the first input topic, so that unkeyed records keep their partition).
+    count of the first input topic, so that unkeyed records keep their partition). ``inputs`` and
+    ``outputs`` (output and dead-letter topics) default to the flags'; ``routes_file``: where they
+    came from instead (named in errors).
 
     Raises:
         UsageError: unreachable broker, missing input topic, output topic that cannot be created.
     """
+    inputs = list(settings.input_topic) if inputs is None else inputs
+    outputs = [settings.output_topic, settings.dlq_topic] if outputs is None else outputs
     admin, existing = await connect(settings, timeout_s)
     try:
-        missing = [t for t in dict.fromkeys(settings.input_topic) if t not in existing]
+        missing = [t for t in dict.fromkeys(inputs) if t not in existing]
         if missing:
             what = f"input topic {', '.join(missing)} does not exist on {settings.bootstrap_servers} (topics there: {_listing(existing)})"
             if not settings.allow_missing_topics:
+                fix = f"fix its route's topics in {routes_file}" if routes_file else "fix --input-topic (SPINF_INPUT_TOPIC)"
                 raise UsageError(
-                    f"{what}; fix --input-topic (SPINF_INPUT_TOPIC), create it, or pass --allow-missing-topics "
-                    "(SPINF_ALLOW_MISSING_TOPICS) to wait for it"
+                    f"{what}; {fix}, create it, or pass --allow-missing-topics (SPINF_ALLOW_MISSING_TOPICS) to wait for it"
                 )
             log.warning("%s; scoring it once it is created (--allow-missing-topics)", what)
-        outputs = [t for t in dict.fromkeys([settings.output_topic, settings.dlq_topic]) if t not in existing]
-        if outputs:
-            await _create(admin, outputs, settings, existing)
+        absent = [t for t in dict.fromkeys(outputs) if t not in existing]
+        if absent:
+            await _create(admin, absent, settings, existing, inputs)
     finally:
         await admin.close()
 
 
-async def _create(admin: AIOKafkaAdminClient, names: list[str], settings: RunSettings, existing: set[str]) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient, names: list[str], settings: RunSettings, existing: set[str], inputs: list[str]
+) -> None:
     partitions = 1
-    source = next((t for t in settings.input_topic if t in existing), None)
+    source = next((t for t in inputs if t in existing), None)
     try:
         if source is not None:
             described = await admin.describe_topics([source])

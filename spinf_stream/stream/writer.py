@@ -1,10 +1,13 @@
 """Writing: the record of each consumed record, built as its model, sent in order, acknowledged.
 
-Every consumed record gets exactly one written record, keyed like the input: a score on the output
-topic (:class:`~spinf_stream.stream.records.StreamScoreRecord`) or a dead letter
+Every consumed record gets one written record per pack of its route (its *targets*, see
+:mod:`~spinf_stream.stream.routing`), keyed like the input: a score on the target's output topic
+(:class:`~spinf_stream.stream.records.StreamScoreRecord`) or a dead letter
 (:class:`~spinf_stream.stream.records.DeadLetterRecord`, cut to fit by
-:mod:`~spinf_stream.stream.dlq`). A partition's records go to the producer in input order: a
-record is released only when all earlier ones of its partition are. An unkeyed record goes to
+:mod:`~spinf_stream.stream.dlq`) for that pack; a record no pack can read (undecodable, no route,
+unknown pack) gets one dead letter instead. A partition's records go to the producer in input
+order: a consumed record's records are released only when all of them are built and all earlier
+ones of its partition are released; its offset counts as acknowledged when every one of them is. An unkeyed record goes to
 the output partition numbered like its input partition (modulo the output's partitions), so
 that one input partition's records stay in one output partition.
 
@@ -48,9 +51,10 @@ class ProduceFailed(RuntimeError):
     """The producer could not write a record (after its retries); the service stops."""
 
 
-async def record_limit(settings: RunSettings) -> int:
-    """``--max-request-size``, lowered to the output and dead-letter topics' ``max.message.bytes``
-    where the broker tells it (a broker that does not answer leaves the producer's limit)."""
+async def record_limit(settings: RunSettings, topics: Sequence[str] | None = None) -> int:
+    """``--max-request-size``, lowered to the ``max.message.bytes`` of the output and dead-letter
+    topics (``topics``; default ``--output-topic`` and ``--dlq-topic``) where the broker tells it
+    (a broker that does not answer leaves the producer's limit)."""
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -58,7 +62,7 @@ async def record_limit(settings: RunSettings) -> int:
     admin = AIOKafkaAdminClient(**settings.client_kwargs())
     try:
         await asyncio.wait_for(admin.start(), 5)
-        topics = sorted({settings.output_topic, settings.dlq_topic})
+        topics = sorted(set(topics) if topics is not None else {settings.output_topic, settings.dlq_topic})
         answers = await asyncio.wait_for(
             admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics]),
             5,
@@ -85,12 +89,12 @@ def source_of(rec: Record) -> Source:
 
 
 class Writer:
-    """Builds the record written for each slot, sends each partition's records in offset order,
+    """Builds the records written for each slot, sends each partition's records in offset order,
     and counts their acknowledgements into the partitions' offsets.
 
     Args:
-        settings: the output and dead-letter topics, ``--max-request-size``.
-        pack: ``(name, version)`` of the pack the scorer runs; ``model``: its ``model`` block.
+        settings: the dead-letter topic, ``--max-request-size``.
+        models: the ``model`` block of a lane's scorer, by lane key (dead letters name it).
         telemetry, stats: where acknowledgements, skips and counts go.
         inflight: the partitions; ``inflight.progress`` is set on each acknowledgement or skip.
         fail: called with a :class:`ProduceFailed` when a record cannot be written.
@@ -99,17 +103,14 @@ class Writer:
     def __init__(
         self,
         settings: RunSettings,
-        pack: tuple[str, str],
-        model: ModelRef,
+        models: Callable[[str], ModelRef | None],
         telemetry: StreamTelemetry,
         stats: ServiceStats,
         inflight: Inflight,
         fail: Callable[[BaseException], None],
     ) -> None:
-        self._output_topic = settings.output_topic
         self._dlq_topic = settings.dlq_topic
-        self._pack = pack
-        self._model = model
+        self._models = models
         self._telemetry = telemetry
         self._stats = stats
         self._inflight = inflight
@@ -117,25 +118,30 @@ class Writer:
         #: the largest record written (bytes): the producer's max.request.size, lowered at start to
         #: the output and dead-letter topics' max.message.bytes where the broker says
         self.max_record_bytes = settings.max_request_size
-        self._queue: asyncio.Queue[Slot] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Slot, Outgoing]] = asyncio.Queue()
         self._out_partitions: dict[str, list[int]] = {}
 
     # -- build --------------------------------------------------------------------------------
 
-    def score(self, slot: Slot, record: ScoreRecord) -> None:
-        """Build ``slot``'s score record (a ``record_too_large`` dead letter if it does not fit)."""
+    def score(self, slot: Slot, index: int, record: ScoreRecord, batch: BatchTrace | None = None) -> None:
+        """Build the score record of ``slot``'s target ``index`` (a ``record_too_large`` dead
+        letter if it does not fit)."""
         rec = slot.record
-        written = StreamScoreRecord.model_validate({**dict(record), "source": source_of(rec), "truncated": slot.truncated})
-        topic = self._output_topic
-        headers = output_headers(rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model)
+        target = slot.targets[index]
+        written = StreamScoreRecord.model_validate(
+            {**dict(record), "source": source_of(rec), "truncated": slot.truncated.get(index)})
+        topic = target.output_topic
+        headers = output_headers(rec.headers, pack_name=record.pack.name, pack_version=record.pack.version, model=record.model)
         value = orjson.dumps(written.model_dump(mode="json"))
         size = record_size(rec.key, value, headers)
         if size > self.max_record_bytes:
             self.dead_letter(slot, "record_too_large", (
-                f"the score record would be {size} bytes; the producer and topic accept {self.max_record_bytes}"))
+                f"the score record would be {size} bytes; the producer and topic accept {self.max_record_bytes}"),
+                index=index, batch=batch)
             return
-        headers, slot.span = self._telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
-        slot.out = Outgoing(topic=topic, value=value, key=rec.key, headers=headers)
+        headers, span = self._telemetry.outgoing_headers(headers, rec.headers, topic, batch)
+        slot.outs[index] = Outgoing(topic=topic, value=value, key=rec.key, headers=headers, batch=batch, span=span,
+                                    pack=record.pack.name, model=record.model.name)
         self._stats.scored += 1
 
     def dead_letter(
@@ -144,16 +150,24 @@ class Writer:
         kind: str,
         message: str,
         *,
+        index: int | None = None,
         message_id: str | None = None,
         policy: Literal["truncate", "reject"] | None = None,
+        batch: BatchTrace | None = None,
     ) -> None:
-        """Build ``slot``'s dead letter of ``kind`` (cut to fit the size limit)."""
+        """Build the dead letter of ``kind`` for ``slot``'s target ``index``, or (``None``) the one
+        dead letter of a record no pack can read, replacing all its targets (cut to fit the size
+        limit). A dead letter names its pack and model: the target's, or the record's only one."""
         rec = slot.record
         topic = self._dlq_topic
+        target = slot.targets[index] if index is not None else (slot.targets[0] if len(slot.targets) == 1 else None)
+        pack = (target.pack_name, target.pack_version) if target is not None else None
+        model = self._models(target.lane) if target is not None else None
         headers = output_headers(
-            rec.headers, pack_name=self._pack[0], pack_version=self._pack[1], model=self._model, error_kind=kind
+            rec.headers, pack_name=pack[0] if pack else None, pack_version=pack[1] if pack else None, model=model,
+            error_kind=kind,
         )
-        headers, slot.span = self._telemetry.outgoing_headers(headers, rec.headers, topic, slot.batch)
+        headers, span = self._telemetry.outgoing_headers(headers, rec.headers, topic, batch)
         letter = dead_letter(
             kind=kind,
             message=message,
@@ -163,42 +177,52 @@ class Writer:
             headers=rec.headers,
             message_id=message_id,
             policy=policy,
-            pack=self._pack,
-            model=self._model,
+            pack=pack,
+            model=model,
             max_bytes=self.max_record_bytes,
             out_headers=headers,
         )
         if letter.record.cut:
             log.info("dead letter %s[%d]@%d cut to fit %d bytes: %s", rec.topic, rec.partition, rec.offset,
                      self.max_record_bytes, ", ".join(f"{c.part} {c.kept} of {c.size}" for c in letter.record.cut))
-        slot.out = Outgoing(topic=topic, value=letter.value, key=letter.key, headers=headers, error_type=kind)
+        out = Outgoing(topic=topic, value=letter.value, key=letter.key, headers=headers, error_type=kind, batch=batch,
+                       span=span, pack=pack[0] if pack else None, model=model.name if model else None)
+        if index is None:
+            slot.outs = [out]
+        else:
+            slot.outs[index] = out
         self._stats.dead_lettered += 1
         log.debug("dead letter %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, kind)
 
     def batch_done(
-        self, slots: list[Slot], records: Sequence[ScoreRecord | ErrorRecord], trace: BatchTrace
+        self, entries: Sequence[tuple[Slot, int]], records: Sequence[ScoreRecord | ErrorRecord], trace: BatchTrace
     ) -> None:
-        """Build the record of each slot of an engine batch (``records``: the engine's, in the
-        same order; a slot of a revoked partition is skipped) and release them in order."""
+        """Build the record of each ``(slot, target index)`` of an engine batch (``records``: the
+        engine's, in the same order; a slot of a revoked partition is skipped) and release the
+        slots that are built, in order."""
         touched: dict[TopicPartition, Partition] = {}
-        for slot, rec in zip(slots, records):
+        for (slot, index), rec in zip(entries, records):
             if slot.part.revoked:
                 continue
-            slot.batch = trace
             if isinstance(rec, ErrorRecord):
-                self.dead_letter(slot, rec.error.kind, rec.error.message, message_id=slot.message_id)
+                self.dead_letter(slot, rec.error.kind, rec.error.message, index=index, message_id=slot.message_id,
+                                 batch=trace)
             else:
-                self.score(slot, rec)
+                self.score(slot, index, rec, trace)
             touched[slot.part.tp] = slot.part
         for part in touched.values():
             self.release(part)
 
     def release(self, part: Partition) -> None:
         """Hand the partition's built records to the producer, in offset order, up to the first
-        record not built yet."""
+        consumed record whose records are not all built."""
         q = part.queue
-        while q and q[0].out is not None:
-            self._queue.put_nowait(q.popleft())
+        while q and q[0].built:
+            slot = q.popleft()
+            slot.owed = len(slot.outs)
+            for out in slot.outs:
+                assert out is not None
+                self._queue.put_nowait((slot, out))
 
     # -- send ---------------------------------------------------------------------------------
 
@@ -206,20 +230,18 @@ class Writer:
         """Send released records with ``producer`` until cancelled (records of revoked partitions
         are dropped)."""
         while True:
-            slot = await self._queue.get()
+            slot, out = await self._queue.get()
             if slot.part.revoked:
                 continue
-            out = slot.out
-            assert out is not None
             partition = None
             if out.key is None:  # keep unkeyed records of one input partition in one output partition
                 partition = await self._unkeyed_partition(producer, out.topic, slot.record.partition)
             try:
                 fut = await producer.send(out.topic, out.value, key=out.key, headers=out.headers, partition=partition)
             except SIZE_ERRORS as exc:  # the producer's own size check
-                self._skip(slot, exc)
+                self._skip(slot, out, exc)
                 continue
-            fut.add_done_callback(lambda f, slot=slot: self._on_ack(slot, f))
+            fut.add_done_callback(lambda f, slot=slot, out=out: self._on_ack(slot, out, f))
 
     async def _unkeyed_partition(self, producer: AIOKafkaProducer, topic: str, source_partition: int) -> int:
         parts = self._out_partitions.get(topic)
@@ -228,37 +250,39 @@ class Writer:
             parts = self._out_partitions[topic] = sorted(found)
         return parts[source_partition % len(parts)]
 
-    def _on_ack(self, slot: Slot, fut: asyncio.Future[RecordMetadata]) -> None:
+    def _on_ack(self, slot: Slot, out: Outgoing, fut: asyncio.Future[RecordMetadata]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
         if isinstance(exc, SIZE_ERRORS):  # the broker's size check
-            self._skip(slot, exc)
+            self._skip(slot, out, exc)
             return
         if exc is not None:
             rec = slot.record
-            self._fail(ProduceFailed(f"writing the record for {rec.topic}[{rec.partition}]@{rec.offset} failed: {exc!r}"))
+            self._fail(ProduceFailed(
+                f"writing the record for {rec.topic}[{rec.partition}]@{rec.offset} to {out.topic} failed: {exc!r}"))
             return
         self._stats.acked += 1
         self._stats.last_acked_at = time.monotonic()
         rec = slot.record
-        self._telemetry.acked(
-            rec.topic, rec.partition, rec.timestamp, slot.read_at,
-            slot.out.error_type if slot.out is not None else None, slot.span, slot.batch,
-        )
-        if not slot.part.revoked:
+        self._telemetry.acked(rec.topic, rec.partition, rec.timestamp, slot.read_at, out.error_type, out.span, out.batch,
+                              pack=out.pack, model=out.model)
+        self._done(slot)
+
+    def _done(self, slot: Slot) -> None:
+        """One of ``slot``'s written records is acknowledged (or skipped): its offset counts once
+        all are."""
+        slot.owed -= 1
+        if slot.owed == 0 and not slot.part.revoked:
             slot.part.offsets.ack(slot.record.offset)
         self._inflight.progress.set()
 
-    def _skip(self, slot: Slot, exc: BaseException) -> None:
-        """The record written for ``slot`` was refused for its size: report it, count it, and
-        treat the input record as done (its offset may be committed past)."""
+    def _skip(self, slot: Slot, out: Outgoing, exc: BaseException) -> None:
+        """The record ``out`` written for ``slot`` was refused for its size: report it, count it,
+        and treat it as done (the input's offset may be committed past)."""
         rec = slot.record
-        out_topic = slot.out.topic if slot.out is not None else "?"
-        self._telemetry.skipped(rec.topic, rec.partition, rec.offset, out_topic, exc)
+        self._telemetry.skipped(rec.topic, rec.partition, rec.offset, out.topic, exc)
         self._stats.skipped += 1
-        if slot.span is not None:
-            slot.span.end()
-        if not slot.part.revoked:
-            slot.part.offsets.ack(rec.offset)
-        self._inflight.progress.set()
+        if out.span is not None:
+            out.span.end()
+        self._done(slot)

@@ -76,22 +76,29 @@ class Query:
         return [base]
 
     @property
+    def selector(self) -> str:
+        """The pack/model selector (the dashboard's ``$pack`` and ``$model`` variables) on a metric
+        with those attributes; empty on the others."""
+        return _LANE_SELECTOR if {m.PACK, m.MODEL} <= set(self.spec.attributes) else ""
+
+    @property
     def promql(self) -> str:
         base = self.spec.prometheus
         by = f" by ({', '.join(self.labels)})" if self.labels else ""
+        sel = self.selector
         if self.shape == "rate":
-            return f"sum{by} (rate({base}[{RATE_WINDOW}]))"
+            return f"sum{by} (rate({base}{sel}[{RATE_WINDOW}]))"
         if self.shape == "increase":
-            return f"sum{by} (increase({base}[{RATE_WINDOW}]))"
+            return f"sum{by} (increase({base}{sel}[{RATE_WINDOW}]))"
         if self.shape == "quantile":
             keep = ", ".join(("le", *self.labels))
-            return f"histogram_quantile({self.q}, sum by ({keep}) (rate({base}_bucket[{RATE_WINDOW}])))"
+            return f"histogram_quantile({self.q}, sum by ({keep}) (rate({base}_bucket{sel}[{RATE_WINDOW}])))"
         if self.shape == "gauge":
-            return f"{self.agg}{by} ({base})"
+            return f"{self.agg}{by} ({base}{sel})"
         if self.shape == "mean":
-            return f"sum{by} (rate({base}_sum[{RATE_WINDOW}])) / sum{by} (rate({base}_count[{RATE_WINDOW}]))"
+            return f"sum{by} (rate({base}_sum{sel}[{RATE_WINDOW}])) / sum{by} (rate({base}_count{sel}[{RATE_WINDOW}]))"
         other = BY_NAME[self.other or ""].prometheus
-        ratio = f"sum{by} (rate({base}[{RATE_WINDOW}])) / sum{by} (rate({other}[{RATE_WINDOW}]))"
+        ratio = f"sum{by} (rate({base}{sel}[{RATE_WINDOW}])) / sum{by} (rate({other}{sel}[{RATE_WINDOW}]))"
         return ratio if self.shape == "ratio" else f"1 - {ratio}"
 
 
@@ -110,6 +117,18 @@ def _q(metric: str, shape: Shape, legend: str, **kw: Any) -> Query:
 
 
 PART = (m.TOPIC, m.PARTITION)
+LANE = (m.PACK, m.MODEL)
+_LANE_SELECTOR = '{spinf_pack_name=~"$pack", spinf_model=~"$model"}'
+
+
+def _variable(name: str, label: str) -> dict[str, Any]:
+    """A dashboard variable: every value of ``label`` on ``spinf_info`` (multi-select, All by default)."""
+    return {
+        "name": name, "label": name, "type": "query", "datasource": {"type": "prometheus", "uid": DATASOURCE_UID},
+        "query": {"query": f"label_values(spinf_info, {label})", "refId": name},
+        "definition": f"label_values(spinf_info, {label})", "refresh": 2, "includeAll": True, "multi": True,
+        "allValue": ".*", "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1,
+    }
 
 PANELS: tuple[Panel, ...] = (
     Panel("Throughput", "reqps", (
@@ -179,6 +198,13 @@ PANELS: tuple[Panel, ...] = (
         _q("spinf.commits", "increase", "commits"),
         _q("spinf.commit.failures", "increase", "commit failures"),
     ), "Per rate window, all replicas."),
+    Panel("Queue depth per pack and model", "short", (
+        _q("spinf.queue.depth", "gauge", "{{spinf_pack_name}} on {{spinf_model}}", by=LANE),
+    ), "Prepared messages waiting in each (pack, model)'s micro-batcher for the engine (--routes: one lane each)."),
+    Panel("Models in memory", "short", (
+        _q("spinf.models.loaded", "gauge", "models loaded", agg="max"),
+    ), "--routes: models load on demand and the least recently used is evicted under --model-memory-budget "
+       "(spinf_model_memory_bytes, spinf_model_loads_total, spinf_model_evictions_total say how much and how often)."),
     Panel("Model load time", "s", (
         _q("spinf.model.load.duration", "gauge", "load time", agg="max"),
         _q("spinf.info", "gauge", "{{spinf_model}} {{spinf_pack_name}}@{{spinf_pack_version}} {{spinf_device}} {{spinf_dtype}}",
@@ -229,7 +255,7 @@ def dashboard() -> dict[str, Any]:
         "refresh": "10s",
         "time": {"from": "now-30m", "to": "now"},
         "panels": panels,
-        "templating": {"list": []},
+        "templating": {"list": [_variable("pack", "spinf_pack_name"), _variable("model", "spinf_model")]},
         "annotations": {"list": []},
     }
 

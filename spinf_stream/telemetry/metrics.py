@@ -84,6 +84,8 @@ class MetricSpec:
 
 
 _MSG = (SYSTEM, GROUP, TOPIC, PARTITION)
+#: the (pack, model) lane a batch or record belongs to (``--routes``: several per service)
+_LANE = (PACK, MODEL)
 
 METRICS: tuple[MetricSpec, ...] = (
     # -- messaging (semantic conventions) --
@@ -100,13 +102,15 @@ METRICS: tuple[MetricSpec, ...] = (
     # -- outcomes --
     MetricSpec(
         "spinf.records.scored", "counter", "{record}",
-        "How many score records were written and acknowledged, per input topic and partition? (rate: throughput)",
-        (TOPIC, PARTITION),
+        "How many score records were written and acknowledged, per input topic and partition, pack and model? "
+        "(rate: throughput)",
+        (TOPIC, PARTITION, *_LANE),
     ),
     MetricSpec(
         "spinf.records.dead_lettered", "counter", "{record}",
-        "What goes to the dead-letter topic, and why? (by error.type: invalid_json, too_long, engine_error, ...)",
-        (TOPIC, ERROR_TYPE),
+        "What goes to the dead-letter topic, and why? (by error.type: invalid_json, too_long, engine_error, ...; "
+        "pack and model when the dead letter is for one pack)",
+        (TOPIC, ERROR_TYPE, *_LANE),
     ),
     MetricSpec(
         "spinf.records.skipped", "counter", "{record}",
@@ -116,6 +120,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "spinf.questions.answered", "counter", "{question}",
         "How many questions has the engine answered? (rate: questions per second, the engine's real output)",
+        _LANE,
     ),
     MetricSpec(
         "spinf.answers", "counter", "{answer}",
@@ -128,46 +133,46 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "spinf.batch.messages", "histogram", "{message}",
         "How many messages does a batch hold (is the batcher filling batches or closing them on the window)?",
-        (), MESSAGES,
+        _LANE, MESSAGES,
     ),
     MetricSpec(
         "spinf.batch.tokens", "histogram", "{token}",
-        "How many packed tokens does a batch hold?", (), TOKENS,
+        "How many packed tokens does a batch hold?", _LANE, TOKENS,
     ),
     MetricSpec(
         "spinf.batch.fill", "histogram", "1",
-        "Which share of the token budget does a batch use (1 = full passes, the efficient case)?", (), SHARE,
+        "Which share of its lane's token budget does a batch use (1 = full passes, the efficient case)?", _LANE, SHARE,
     ),
     MetricSpec(
         "spinf.forward.duration", "histogram", "s",
         "How long does the engine take for one batch (its forward passes and reading the answers)?",
-        (), LATENCY_S,
+        _LANE, LATENCY_S,
     ),
     MetricSpec(
         "spinf.forward.passes", "counter", "{pass}",
-        "How many forward passes has the engine run? (tokens computed / passes = tokens per pass)",
+        "How many forward passes has the engine run? (tokens computed / passes = tokens per pass)", _LANE,
     ),
     MetricSpec(
         "spinf.decode.passes", "counter", "{pass}",
         "How many of those passes were decode steps of extraction and generation questions (one per token of "
-        "a batch's longest extraction)?",
+        "a batch's longest extraction)?", _LANE,
     ),
     MetricSpec(
         "spinf.tokens.extracted", "counter", "{token}",
-        "How many tokens have extraction and generation questions written?",
+        "How many tokens have extraction and generation questions written?", _LANE,
     ),
     MetricSpec(
         "spinf.tokens.computed", "counter", "{token}",
-        "How many tokens went through the model, padding and recomputed content included?",
+        "How many tokens went through the model, padding and recomputed content included?", _LANE,
     ),
     MetricSpec(
         "spinf.tokens.useful", "counter", "{token}",
         "How many of them were needed (each message's content once, each branch once)? 1 - useful/computed "
-        "is the share spent on padding or recomputation.",
+        "is the share spent on padding or recomputation.", _LANE,
     ),
     MetricSpec(
         "spinf.queue.duration", "histogram", "s",
-        "How long do records wait between being read and their batch starting on the engine?", (), LATENCY_S,
+        "How long do records wait between being read and their batch starting on the engine?", _LANE, LATENCY_S,
     ),
     MetricSpec(
         "spinf.end_to_end.latency", "histogram", "s",
@@ -217,8 +222,29 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     # -- the process --
     MetricSpec(
+        "spinf.queue.depth", "gauge", "{message}",
+        "How many prepared messages wait in each (pack, model)'s micro-batcher for the engine?", _LANE,
+    ),
+    MetricSpec(
         "spinf.model.load.duration", "gauge", "s",
-        "How long did loading the model (and pack) take at start-up?",
+        "How long did loading the model (and pack) take at start-up (with --routes: the latest load)?",
+    ),
+    MetricSpec(
+        "spinf.models.loaded", "gauge", "{model}",
+        "How many models are in memory now (--routes loads and evicts them under --model-memory-budget)?",
+    ),
+    MetricSpec(
+        "spinf.model.memory", "gauge", "By",
+        "How many bytes of weights and KV working set does each loaded model count against the memory budget?",
+        (MODEL,),
+    ),
+    MetricSpec(
+        "spinf.model.loads", "counter", "{load}",
+        "How many model loads have there been (the first of each, and each reload after an eviction)?",
+    ),
+    MetricSpec(
+        "spinf.model.evictions", "counter", "{eviction}",
+        "How many models were unloaded to fit the memory budget or for being idle (rate: swaps)?",
     ),
     MetricSpec(
         "spinf.info", "gauge", "1",
@@ -230,7 +256,7 @@ METRICS: tuple[MetricSpec, ...] = (
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 # OpenTelemetry -> Prometheus units (the exporter's mapping, for the units used above)
-_PROM_UNITS = {"s": "seconds", "1": ""}
+_PROM_UNITS = {"s": "seconds", "1": "", "By": "bytes"}
 
 
 def prometheus_name(spec: MetricSpec) -> str:

@@ -69,6 +69,18 @@ class Sample:
     #: records that wait to be written: in flight, plus those the broker holds beyond the last
     #: read of each partition being read (what liveness' "none written" check watches)
     waiting: int = 0
+    #: ``(pack, model, messages waiting in its micro-batcher)`` per lane
+    queues: tuple[tuple[str, str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsSample:
+    """The models in memory (``(name, bytes counted against the budget or None)``), and the loads
+    and evictions so far (plain numbers from the engine pool; see :meth:`StreamTelemetry.watch_models`)."""
+
+    loaded: tuple[tuple[str, int | None], ...] = ()
+    loads: int = 0
+    evictions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +98,14 @@ class EngineWork:
 class BatchTrace:
     """One engine batch as the telemetry sees it (returned by :meth:`StreamTelemetry.batch_started`)."""
 
-    __slots__ = ("span", "produce_span", "pending", "started_ns")
+    __slots__ = ("span", "produce_span", "pending", "started_ns", "lane")
 
-    def __init__(self, span: Any, started_ns: int) -> None:
+    def __init__(self, span: Any, started_ns: int, lane: Mapping[str, str] | None = None) -> None:
         self.span = span
         self.produce_span: Any = None
         self.pending = 0  # records of this batch not yet acknowledged (tracing only)
         self.started_ns = started_ns
+        self.lane = lane or {}  # its (pack, model) metric attributes
 
 
 def _carrier(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
@@ -147,6 +160,8 @@ class StreamTelemetry:
         self._status_at = time.monotonic()  # the first status line comes one interval after start
         self._decode_passes = self._extracted = 0  # since start, for the status line
         self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
+        self._ready_models: dict[str, None] = {}  # models of the scorers ready (without an engine pool)
+        self._models: Any = None  # () -> ModelsSample (watch_models)
         self._i = self._instruments(meter)
 
     @classmethod
@@ -168,11 +183,20 @@ class StreamTelemetry:
             "spinf.consumer.lag": self._observe_lag,
             "spinf.consumer.time_lag": self._observe_time_lag,
             "spinf.progress.stalled": self._observe_stalled,
+            "spinf.queue.depth": self._observe_queues,
+            "spinf.models.loaded": self._observe_models_loaded,
+            "spinf.model.memory": self._observe_model_memory,
+        }
+        observed_counters = {
+            "spinf.model.loads": lambda _o: [Observation(self._models_sample().loads)],
+            "spinf.model.evictions": lambda _o: [Observation(self._models_sample().evictions)],
         }
         out: dict[str, Any] = {}
         for spec in m.METRICS:
             kw = {"unit": spec.unit, "description": spec.question}
-            if spec.kind == "counter":
+            if spec.name in observed_counters:
+                out[spec.name] = meter.create_observable_counter(spec.name, callbacks=[observed_counters[spec.name]], **kw)
+            elif spec.kind == "counter":
                 out[spec.name] = meter.create_counter(spec.name, **kw)
                 if not spec.attributes or spec.name == "spinf.commit.failures":
                     out[spec.name].add(0)  # exported as 0 from the start: rate() works before the first event
@@ -211,9 +235,28 @@ class StreamTelemetry:
         self._i["spinf.info"].set(1, {
             m.MODEL: info.get("model", ""), m.PACK: info.get("pack", ""), m.PACK_VERSION: info.get("pack_version", ""),
             m.DEVICE: info.get("device", ""), m.DTYPE: info.get("dtype", ""), m.KERNELS: info.get("kernels", ""),
-            m.TOKEN_BUDGET: str(self.token_budget),
+            m.TOKEN_BUDGET: info.get("token_budget", str(self.token_budget)),
         })
+        lane = {m.PACK: info.get("pack", ""), m.MODEL: info.get("model", "")}
+        for name in ("spinf.questions.answered", "spinf.forward.passes", "spinf.decode.passes", "spinf.tokens.extracted",
+                     "spinf.tokens.computed", "spinf.tokens.useful"):
+            self._i[name].add(0, lane)  # exported as 0 from the start: rate() works before the first batch
+        self._ready_models[info.get("model", "")] = None
         self.health.model_loaded()
+
+    def watch_models(self, sample: Any) -> None:
+        """Read the models in memory, loads and evictions from ``sample()`` (a
+        :class:`ModelsSample`; called at collection time, from the exporter's thread). Without
+        it, every scorer made ready counts as one model loaded once."""
+        self._models = sample
+
+    def _models_sample(self) -> ModelsSample:
+        if self._models is not None:
+            try:
+                return self._models()
+            except RuntimeError:  # the pool changed under the exporter's thread: next time
+                pass
+        return ModelsSample(tuple((name, None) for name in self._ready_models), len(self._ready_models), 0)
 
     # -- events from the service ------------------------------------------------------------------
 
@@ -221,22 +264,27 @@ class StreamTelemetry:
         """``n`` records of ``topic[partition]`` were read."""
         self._i["messaging.client.consumed.messages"].add(n, self._partition_attrs(topic, partition))
 
-    def batch_started(self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int) -> BatchTrace:
-        """A batch of ``len(waited_s)`` records (``tokens`` packed tokens) goes to the engine;
+    def batch_started(
+        self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int, *, pack: str = "", model: str = "",
+        token_budget: int | None = None,
+    ) -> BatchTrace:
+        """A batch of ``len(waited_s)`` records (``tokens`` packed tokens) of the lane ``pack`` on
+        ``model`` (its budget ``token_budget``, default the service's) goes to the engine;
         ``waited_s``: each record's time since it was read; ``headers``: their Kafka headers
         (read only when tracing)."""
         i = self._i
         n = len(waited_s)
-        i["spinf.batch.messages"].record(n)
-        i["spinf.batch.tokens"].record(tokens)
-        i["spinf.batch.fill"].record(min(1.0, tokens / self.token_budget))
+        lane = {m.PACK: pack, m.MODEL: model}
+        i["spinf.batch.messages"].record(n, lane)
+        i["spinf.batch.tokens"].record(tokens, lane)
+        i["spinf.batch.fill"].record(min(1.0, tokens / (token_budget or self.token_budget)), lane)
         q = i["spinf.queue.duration"]
         for w in waited_s:
-            q.record(w)
+            q.record(w, lane)
         self.health.engine_busy()
         now = time.time_ns()
         if self._tracer is None:
-            return BatchTrace(None, now)
+            return BatchTrace(None, now, lane)
         links = []
         for h in headers:
             if len(links) >= MAX_LINKS:
@@ -251,7 +299,7 @@ class StreamTelemetry:
             attributes={m.SYSTEM: "kafka", m.GROUP: self.group_id, "messaging.operation.type": "process",
                         "messaging.batch.message_count": n, "spinf.batch.tokens": tokens},
         )
-        return BatchTrace(span, now)
+        return BatchTrace(span, now, lane)
 
     def batch_finished(self, batch: BatchTrace, seconds: float, questions: int, work: EngineWork, useful_tokens: int,
                        written: int) -> None:
@@ -259,19 +307,20 @@ class StreamTelemetry:
         records of the batch that will be written (their acknowledgements end its spans)."""
         self.health.engine_idle()
         i = self._i
-        i["spinf.forward.duration"].record(seconds)
-        i["spinf.questions.answered"].add(questions)
+        lane = batch.lane
+        i["spinf.forward.duration"].record(seconds, lane)
+        i["spinf.questions.answered"].add(questions, lane)
         self._questions += questions
         if work.passes is not None:
-            i["spinf.forward.passes"].add(work.passes)
+            i["spinf.forward.passes"].add(work.passes, lane)
         if work.decode_passes is not None:
-            i["spinf.decode.passes"].add(work.decode_passes)
+            i["spinf.decode.passes"].add(work.decode_passes, lane)
             self._decode_passes += work.decode_passes
         if work.extracted_tokens is not None:
-            i["spinf.tokens.extracted"].add(work.extracted_tokens)
+            i["spinf.tokens.extracted"].add(work.extracted_tokens, lane)
             self._extracted += work.extracted_tokens
-        i["spinf.tokens.useful"].add(useful_tokens)
-        i["spinf.tokens.computed"].add(work.tokens_computed if work.tokens_computed is not None else useful_tokens)
+        i["spinf.tokens.useful"].add(useful_tokens, lane)
+        i["spinf.tokens.computed"].add(work.tokens_computed if work.tokens_computed is not None else useful_tokens, lane)
         if batch.span is None or self._tracer is None:
             return
         end = time.time_ns()
@@ -317,15 +366,17 @@ class StreamTelemetry:
 
     def acked(
         self, topic: str, partition: int, timestamp_ms: int | None, read_at: float, error_type: str | None,
-        span: Any = None, batch: BatchTrace | None = None,
+        span: Any = None, batch: BatchTrace | None = None, *, pack: str | None = None, model: str | None = None,
     ) -> None:
-        """The broker acknowledged the record written for ``topic[partition]`` (a dead letter when
-        ``error_type`` is set); ``read_at``: ``time.monotonic()`` when it was read."""
+        """The broker acknowledged a record written for ``topic[partition]`` (a dead letter when
+        ``error_type`` is set) for ``pack`` on ``model`` (``None``: a dead letter of a record no
+        pack read); ``read_at``: ``time.monotonic()`` when it was read."""
         i = self._i
+        lane = {m.PACK: pack, m.MODEL: model} if pack is not None and model is not None else {}
         if error_type is None:
-            i["spinf.records.scored"].add(1, {m.TOPIC: topic, m.PARTITION: str(partition)})
+            i["spinf.records.scored"].add(1, {m.TOPIC: topic, m.PARTITION: str(partition), **lane})
         else:
-            i["spinf.records.dead_lettered"].add(1, {m.TOPIC: topic, m.ERROR_TYPE: error_type})
+            i["spinf.records.dead_lettered"].add(1, {m.TOPIC: topic, m.ERROR_TYPE: error_type, **lane})
         attrs = self._topic(topic)
         i["messaging.process.duration"].record(time.monotonic() - read_at, attrs)
         if timestamp_ms is not None and timestamp_ms >= 0:
@@ -410,6 +461,18 @@ class StreamTelemetry:
 
     def _observe_stalled(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self.health.stalled_s())
+
+    def _observe_queues(self, options: CallbackOptions) -> Iterable[Observation]:
+        for pack, model, n in self._sample.queues:
+            yield Observation(n, {m.PACK: pack, m.MODEL: model})
+
+    def _observe_models_loaded(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(len(self._models_sample().loaded))
+
+    def _observe_model_memory(self, options: CallbackOptions) -> Iterable[Observation]:
+        for name, size in self._models_sample().loaded:
+            if size is not None:
+                yield Observation(size, {m.MODEL: name})
 
     def _observe_inflight(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._sample.inflight)
