@@ -87,12 +87,12 @@ def operations(settings: ScoringSettings, *, endpoint_required: bool = True) -> 
 def load_engine_timed(settings: ScoringSettings, telemetry: StreamTelemetry) -> Any:
     """:func:`load_engine`, its duration recorded as ``spinf.model.load.duration``, its model and
     bytes as the one model in memory (``spinf.models.loaded``, ``spinf.model.memory``)."""
+    t0 = time.perf_counter()
+    engine = load_engine(settings)  # first: the pool's module imports the engine's
+    telemetry.model_load_time(time.perf_counter() - t0)
     from spinf_stream.engine.pool import engine_bytes
 
-    t0 = time.perf_counter()
-    engine = load_engine(settings)
-    telemetry.model_load_time(time.perf_counter() - t0)
-    loaded = ((engine.model_info.name, engine_bytes(engine)),)
+    loaded = ((engine.model_info.name, engine_bytes(engine) if hasattr(engine, "decoder") else None),)
     telemetry.watch_models(lambda: ModelsSample(loaded, loads=1, evictions=0))
     return engine
 
