@@ -284,8 +284,7 @@ def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.S
         outputs = [*checked.router.output_topics, checked.file.dead_letter_topic]
         run_check(check_run_topics(settings, inputs=checked.file.input_topics, outputs=outputs, routes_file=checked.path))
         check_routes_file(settings)
-        choose(settings.device, settings.dtype)
-        settings = settings.model_copy(update={"dlq_topic": checked.file.dead_letter_topic})
+        choose(settings.device, settings.dtype)  # routed_service writes dead letters to the file's topic
     elif scorer is None:
         check_scoring(settings, model=False)
         run_check(check_run_topics(settings))
