@@ -68,9 +68,9 @@ class Waits(StreamTelemetry):
         self.queued: list[float] = []
         self.processed: list[float] = []
 
-    def batch_started(self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int) -> Any:
+    def batch_started(self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int, **lane: Any) -> Any:
         self.queued.extend(waited_s)
-        return super().batch_started(headers, waited_s, tokens)
+        return super().batch_started(headers, waited_s, tokens, **lane)
 
     def acked(self, topic: str, partition: int, timestamp_ms: int | None, read_at: float, *args: Any, **kwargs: Any) -> None:
         self.processed.append(time.monotonic() - read_at)
