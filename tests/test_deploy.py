@@ -23,7 +23,7 @@ from spinf_stream.telemetry import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu", "keda")
+OVERLAYS = ("cpu", "gpu", "keda", "routes")
 #: the oldest Kubernetes minor release the manifests must be valid for
 K8S_VERSION = "1.29.0"
 
@@ -275,3 +275,25 @@ def test_the_compose_routes_scorer_runs_the_sample_routes_file_whose_topics_the_
     created = set(compose["services"]["topics"]["environment"]["TOPICS"].split())
     assert {*routes.input_topics, *router.output_topics, routes.dead_letter_topic} <= created
     assert {p.model for p in routes.lanes().values()} == {"qwen2.5-coder-0.5b", "smollm2-135m"}
+
+
+def test_the_k8s_routes_overlay_runs_the_sample_routes_file_from_the_base(monkeypatch):
+    from spinf_stream.routes import check_routes, load_routes
+    from spinf_stream.stream.app import ROUTE_FLAGS
+
+    docs = render("routes")
+    env = config(docs)
+    routes_map = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "spinf-stream-routes")
+    assert routes_map["data"] == {"routes.yaml": (REPO / "deploy" / "routes.yaml").read_text()}, "run deploy/k8s/packs_configmap.py"
+    volume = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "routes")
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "routes")
+    assert volume["configMap"]["name"] == "spinf-stream-routes"
+    assert env["SPINF_ROUTES"] == f"{mount['mountPath']}/routes.yaml"
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = RunSettings(sasl_username="u", sasl_password="p")
+    assert not set(ROUTE_FLAGS) & settings.model_fields_set  # nothing the routes file replaces
+    assert env["SPINF_GROUP_ID"] != config(render("gpu"))["SPINF_GROUP_ID"]  # its own consumer group
+    routes = load_routes(REPO / "deploy" / "routes.yaml")
+    packs = check_routes(routes, REPO / "deploy" / "routes.yaml", models=False)  # the image's packs folder has them
+    assert {p.name for p in packs.values()} == {"spam", "moderation", "sentiment"}

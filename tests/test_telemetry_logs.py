@@ -77,6 +77,30 @@ def test_the_status_line_reports_counts_lag_and_rates(caplog):
     assert rec.records_per_s > 0 and rec.questions_per_s == 0
 
 
+def test_the_status_line_gives_records_per_second_per_pack(caplog):
+    # 6 spam and 2 moderation records acknowledged in the first interval, 1 spam in the second:
+    # each line's rate per pack is that interval's count over its length (the definition).
+    tel = StreamTelemetry(status_interval_s=0.05)
+    parts = (PartitionSample("in", 0, 0, None, False),)
+    rates = []
+    with caplog.at_level(logging.INFO, logger="spinf_stream.stream.status"):
+        for spam, moderation in ((6, 2), (1, 0)):
+            t0 = time.monotonic()
+            for pack, n in (("spam", spam), ("moderation", moderation)):
+                for _ in range(n):
+                    tel.acked("out", 0, None, time.monotonic(), None, pack=pack, model="m")
+            time.sleep(0.06)
+            start = tel._status_at
+            tel.observe(Sample(parts, inflight=0, consumed=8, scored=8, dead_lettered=0))
+            rates.append((t0, start, tel._status_at))
+    lines = [r for r in caplog.records if r.getMessage().startswith("status:")]
+    assert len(lines) == 2
+    for rec, (spam, moderation), (_, start, end) in zip(lines, ((6, 2), (1, 0)), rates):
+        dt = end - start
+        assert rec.records_per_s_by_pack == pytest.approx({"moderation": moderation / dt, "spam": spam / dt}, rel=0.05, abs=0.01)
+        assert "records/s (moderation " in rec.getMessage() and ", spam " in rec.getMessage()
+
+
 def test_the_status_line_counts_decode_passes_and_extracted_tokens(caplog):
     tel = StreamTelemetry(status_interval_s=0.01)
     parts = (PartitionSample("in", 0, 0, None, False),)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +161,8 @@ class StreamTelemetry:
         self._status_at = time.monotonic()  # the first status line comes one interval after start
         self._decode_passes = self._extracted = 0  # since start, for the status line
         self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
+        self._by_pack: Counter[str] = Counter()  # records acknowledged per pack, since start
+        self._by_pack_last: Counter[str] = Counter()  # ... at the previous status line
         self._ready_models: dict[str, None] = {}  # models of the scorers ready (without an engine pool)
         self._models: Any = None  # () -> ModelsSample (watch_models)
         self._i = self._instruments(meter)
@@ -373,6 +376,8 @@ class StreamTelemetry:
         pack read); ``read_at``: ``time.monotonic()`` when it was read."""
         i = self._i
         lane = {m.PACK: pack, m.MODEL: model} if pack is not None and model is not None else {}
+        if pack is not None:
+            self._by_pack[pack] += 1
         if error_type is None:
             i["spinf.records.scored"].add(1, {m.TOPIC: topic, m.PARTITION: str(partition), **lane})
         else:
@@ -434,6 +439,7 @@ class StreamTelemetry:
         if now - self._status_at >= self.status_interval_s:
             self._status(sample, now - self._status_at)
             self._status_at, self._status_last = now, (self._questions, sample.scored, sample.dead_lettered)
+            self._by_pack_last = Counter(self._by_pack)
 
     def _status(self, s: Sample, dt: float) -> None:
         q0, sc0, dl0 = self._status_last
@@ -448,14 +454,20 @@ class StreamTelemetry:
             "questions_per_s": round((self._questions - q0) / dt, 2),
             "partitions": len(s.partitions), "paused": sum(p.paused for p in s.partitions),
             "decode_passes": self._decode_passes, "extracted_tokens": self._extracted,
+            "records_per_s_by_pack": {
+                pack: round((n - self._by_pack_last[pack]) / dt, 2) for pack, n in sorted(self._by_pack.items())
+            },
         }
         extraction = (f", {self._extracted} tokens extracted in {self._decode_passes} decode passes"
                       if self._extracted or self._decode_passes else "")
+        by_pack = fields["records_per_s_by_pack"]
+        per_pack = (" (" + ", ".join(f"{pack} {rate:.1f}" for pack, rate in by_pack.items()) + ")"
+                    if len(by_pack) > 1 else "")
         log.info(
             "status: consumed %d, scored %d, dead-lettered %d, in flight %d, lag %s messages (%.1f s), "
-            "%.1f records/s, %.1f questions/s%s",
+            "%.1f records/s%s, %.1f questions/s%s",
             s.consumed, s.scored, s.dead_lettered, s.inflight, "?" if fields["lag"] is None else fields["lag"],
-            fields["time_lag_s"], fields["records_per_s"], fields["questions_per_s"], extraction,
+            fields["time_lag_s"], fields["records_per_s"], per_pack, fields["questions_per_s"], extraction,
             extra=fields,
         )
 
