@@ -247,7 +247,7 @@ class ScoringSettings(BaseSettings):
     max_inflight: int = Field(
         2048,
         ge=1,
-        description="Messages consumed but not yet written and acknowledged; above it the partitions are paused (backpressure).",
+        description="Messages consumed but not yet written and acknowledged, at most; a partition pauses when its own reach max_inflight / assigned partitions (backpressure), every one at the total.",
     )
     input_format: Literal["json", "text"] = Field(
         "json",

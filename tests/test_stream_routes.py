@@ -217,3 +217,51 @@ def test_metrics_carry_pack_and_model_and_say_which_models_are_loaded(topics):
     assert got.by("spinf_info", pack).keys() == {"spam", "sentiment"}
     assert got.value("spinf_models_loaded") == 2 and got.by("spinf_model_memory_bytes", model) == {"m1": 1000, "m2": 2000}
     assert got.value("spinf_model_loads_total") == 3 and got.value("spinf_model_evictions_total") == 1
+
+
+def test_backpressure_pauses_only_the_partition_whose_records_wait_in_a_slow_lane(topics):
+    """Reviews go to a slow lane (1 s a batch), messages to a fast one, with --max-inflight 8 over
+    the two partitions: the reviews partition pauses at its share (4) while messages keep being
+    read and scored as they arrive; the total never passes 8; everything is scored."""
+    t = topics(1)
+    tag = uuid.uuid4().hex[:8]
+    reviews = f"reviews-{tag}"
+    asyncio.run(ensure_topics(t.kafka, [reviews, f"o-{tag}-spam", f"o-{tag}-sentiment"], partitions=1))
+    routes = RoutesFile.model_validate({
+        "dead_letter_topic": t.dlq,
+        "routes": [{"topics": [t.input], "packs": [{"pack": "spam", "model": "fast"}], "output_topic": f"o-{tag}-{{pack}}"},
+                   {"topics": [reviews], "packs": [{"pack": "sentiment", "model": "slow"}], "output_topic": f"o-{tag}-{{pack}}"}],
+    })
+    slow = _fake("sentiment", "slow")
+    slow.delay_s = 1.0
+    scorers = {"spam/fast": _fake("spam", "fast"), "sentiment/slow": slow}
+    produce(t, [json_line({"id": f"r{i}", "text": f"review {i}"}) for i in range(16)], topic=reviews)
+    paused_seen: set[str] = set()
+    peak = 0
+
+    async def go() -> ScoringService:
+        nonlocal peak
+        svc = _service(t, routes, scorers, max_inflight=8, max_batch_messages=4, window_ms=0)
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, svc._unacked())
+                paused_seen.update(tp.topic for tp in svc.consumer.paused())
+                await asyncio.sleep(0.005)
+
+        async with RunningService(svc) as s:
+            watcher = asyncio.create_task(watch())
+            await wait_for(lambda: bool(slow.batches), timeout_s=30)
+            for i in range(8):  # two a second while the reviews' backlog lasts (~4 s)
+                await asyncio.to_thread(produce, t, [json_line({"id": f"m{i}", "text": f"message {i}"})])
+                await asyncio.sleep(0.5)
+            await wait_for(lambda: s.stats.acked >= 24, timeout_s=60)
+            watcher.cancel()
+        return svc
+
+    asyncio.run(go())
+    assert reviews in paused_seen, "the slow lane's partition never paused"
+    assert t.input not in paused_seen, "the fast lane's partition paused for records it did not hold"
+    assert peak <= 8
+    assert len(read_all(t, [f"o-{tag}-spam"], n=8)) == 8 and len(read_all(t, [f"o-{tag}-sentiment"], n=16)) == 16

@@ -5,7 +5,8 @@ backpressure, ingests what a poll returns, keeps the engine busy, and stops. Its
 flight (:mod:`~spinf_stream.stream.inflight`), tokenization (:mod:`~spinf_stream.stream.preparer`),
 writing the records (:mod:`~spinf_stream.stream.writer`), committing
 (:mod:`~spinf_stream.stream.committer`), rebalances (:mod:`~spinf_stream.stream.rebalance`), lag
-sampling (:mod:`~spinf_stream.stream.lag`).
+sampling (:mod:`~spinf_stream.stream.lag`), which partitions to pause
+(:mod:`~spinf_stream.stream.backpressure`).
 
 One asyncio task polls the consumer without pause — also while the engine runs, while a message
 is tokenized and while the partitions are paused for backpressure — so the member never misses
@@ -64,7 +65,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from spinf_stream.config import RunSettings
 from spinf_stream.engine.results import ErrorRecord, ModelRef, ScoreRecord
 from spinf_stream.messages import text_field
-from spinf_stream.stream import fetch_guard
+from spinf_stream.stream import backpressure, fetch_guard
 from spinf_stream.stream.codec import TEXT_FIELD, Rejection, decode_record
 from spinf_stream.stream.committer import Committer
 from spinf_stream.stream.engine_thread import EngineThread
@@ -199,7 +200,6 @@ class ScoringService:
         self._stop_requested = asyncio.Event()
         self._fatal: BaseException | None = None
         self._aborting = False
-        self._paused = False
         self._ingesting = 0
         self._broker_backlog = False  # the latest poll left records in the broker (not paused)
         self.assigned = asyncio.Event()  # set on the first assignment (tests, dev)
@@ -369,7 +369,8 @@ class ScoringService:
                     log.warning("shutdown timeout: %d records not written; their offsets stay uncommitted", self._unacked())
                     return False
             self._backpressure(consumer)
-            room = s.max_inflight - self._unacked()
+            # At most one partition's share a poll, so one partition rarely fills the room of all.
+            room = min(s.max_inflight - self._unacked(), backpressure.share(s.max_inflight, len(consumer.assignment())))
             # Poll even when every partition is paused: that keeps this member in its group.
             data = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=max(1, room))
             # A poll that returns nothing ends any claim of records waiting in the broker (the high
@@ -395,18 +396,17 @@ class ScoringService:
         self._update_backlog()
 
     def _backpressure(self, consumer: AIOKafkaConsumer) -> None:
-        unacked = self._unacked()
-        hold = self._stop_requested.is_set() or unacked >= self.settings.max_inflight
-        if hold:
-            assigned = consumer.assignment()
-            if assigned - consumer.paused():
-                consumer.pause(*assigned)
-                if not self._paused and not self._stop_requested.is_set():
-                    log.debug("backpressure: %d in flight, partitions paused", unacked)
-                self._paused = True
-        elif self._paused and unacked <= self.settings.max_inflight // 2:
-            consumer.resume(*consumer.paused())
-            self._paused = False
+        """Pause the partitions whose records in flight reach their share of ``--max-inflight``
+        (every one at the total or while stopping), resume those drained to half of it."""
+        assigned, paused = consumer.assignment(), consumer.paused()
+        inflight = {p.tp: p.offsets.unacked for p in self._inflight.live()}
+        d = backpressure.decide(inflight, assigned, paused, self.settings.max_inflight, self._stop_requested.is_set())
+        if d.pause:
+            consumer.pause(*d.pause)
+            if not self._stop_requested.is_set():
+                log.debug("backpressure: %d in flight, %d partitions paused", sum(inflight.values()), len(paused | d.pause))
+        if d.resume:
+            consumer.resume(*d.resume)
 
     async def _ingest(self, data: dict[TopicPartition, list[Record]]) -> None:
         """Track, decode and queue the records of one poll for tokenization; dead-letter those
