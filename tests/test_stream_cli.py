@@ -105,3 +105,37 @@ def test_dev_print_table_shows_the_messages_in_input_order_and_writes_the_record
     answers = Counter(r["scores"]["spam"]["answer"] for r in records.values())
     assert "\nspam: " + " / ".join(f"{n} {a}" for a, n in answers.most_common()) + "\nerrors: 0\n" in shown
     assert f"records (JSON Lines, one per message): {out}" in proc.stderr.decode()
+
+
+def test_dev_with_routes_prints_one_record_per_message_and_pack_equal_to_offline_scores(tiny_model, tmp_path):
+    """``dev --routes``: the input goes to the first route's first topic; every message gets a
+    record from each of its route's packs, bitwise equal to offline scoring with that pack."""
+    from spinf_stream.engine import Engine, Message
+
+    examples = REPO / "examples" / "messages.jsonl"
+    rows = [orjson.loads(li) for li in examples.read_bytes().splitlines() if li.strip()]
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        "dead_letter_topic: dev.dlq\n"
+        "routes:\n"
+        "  - topics: [messages]\n"
+        f"    packs: [{{pack: spam, model: {tiny_model}, token_budget: 4096}}, {{pack: sentiment, model: {tiny_model}, token_budget: 4096}}]\n"
+        "    output_topic: 'scores.{pack}'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [*CLI, "dev", "--port", str(free_port()), "--routes", str(routes), "--input", str(examples), "--until-done"],
+        cwd=REPO, env=env, capture_output=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    got = Counter()
+    digests = {}
+    for r in map(orjson.loads, proc.stdout.splitlines()):
+        got[r["pack"]["name"]] += 1
+        digests[(r["pack"]["name"], r["id"])] = r["digest"]
+    assert got == {"spam": len(rows), "sentiment": len(rows)}
+    for pack in ("spam", "sentiment"):
+        engine = Engine.load(model=str(tiny_model), pack=pack, token_budget=4096)
+        for rec in engine.score([Message(id=r["id"], fields=r) for r in rows]):
+            assert digests[(pack, rec.id)] == rec.digest, (pack, rec.id)

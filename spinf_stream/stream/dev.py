@@ -153,7 +153,9 @@ async def run_dev_async(
     scorer_task = asyncio.create_task(serve(service))
 
     expected: set[tuple[str, int, int]] | None = None
-    seen: set[tuple[str, int, int]] = set()
+    seen: set[tuple[str, int, int]] = set()  # input records that got every record they owe
+    packs_seen: dict[tuple[str, int, int], set[str]] = {}
+    owed = 1  # records per input message: one per pack of the input topic's route
     done = asyncio.Event()
     shown = _Shown(settings, packs)
     started = time.perf_counter()
@@ -161,14 +163,20 @@ async def run_dev_async(
     async def printer() -> None:
         async for rec in read_topics(kafka, list(dict.fromkeys(outputs))):
             try:
-                src = orjson.loads(rec.value)["source"]
+                body = orjson.loads(rec.value)
+                src = body["source"]
                 key: tuple[str, int, int] | None = (src["topic"], src["partition"], src["offset"])
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                key = None
+                block = body.get("pack") or {}
+                pack = f"{block['name']}@{block.get('version')}" if block else None  # two versions of a pack may share a route
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+                key = pack = None
             shown.add(rec, key)
             if key is None:
                 continue
-            seen.add(key)
+            got = packs_seen.setdefault(key, set())
+            got.add(pack if isinstance(pack, str) else "")
+            if "" in got or len(got) >= owed:  # a dead letter of the whole message, or every pack's record
+                seen.add(key)
             if expected is not None and expected <= seen:
                 done.set()
 
@@ -178,6 +186,9 @@ async def run_dev_async(
             lines = _read_input(settings.input)
             await service.assigned.wait()
             topic = inputs[0]
+            if checked is not None:
+                targets = checked.router.route(topic, None)
+                owed = len(targets) if isinstance(targets, tuple) else 1
             metas = await produce_lines(kafka, topic, lines, key_field=settings.key_field)
             expected = {(topic, m.partition, m.offset) for m in metas}
             shown.published(topic, lines, metas)
