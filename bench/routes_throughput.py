@@ -89,8 +89,10 @@ async def _run_routes(bootstrap: str, routes: dict[str, Any], values: dict[str, 
             "bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}", "dlq_topic": file.dead_letter_topic,
             "enable_idempotence": False, "metrics_port": 0, "device": "cpu", "dtype": "float32",
         })
+        waits = _waits_telemetry()
         svc = ScoringService(settings, lanes=lanes, router=router, engine_thread=engine, housekeeping=pool.evict_idle,
-                             budgets={k: p.token_budget for k, p in file.lanes().items()}, swap_wait_s=swap_wait_s)
+                             budgets={k: p.token_budget for k, p in file.lanes().items()}, swap_wait_s=swap_wait_s,
+                             telemetry=waits)
         task = asyncio.create_task(svc.run())
         await svc.wait_acked(owed)
         wall = (svc.stats.last_acked_at or time.monotonic()) - (svc.stats.first_consumed_at or 0.0)
@@ -98,7 +100,34 @@ async def _run_routes(bootstrap: str, routes: dict[str, Any], values: dict[str, 
         await task
     return {"records": owed, "wall_s": wall, "engine_s": svc.stats.engine_seconds, "batches": svc.stats.batches,
             "first_loads_s": first_loads_s, "loads": pool.loads - loads0, "evictions": pool.evictions - evictions0,
-            "load_s": pool.load_seconds_total - load_s0}
+            "load_s": pool.load_seconds_total - load_s0, **_delayed(waits.windows, list(pool.load_windows)[loads0:])}
+
+
+def _delayed(waits: list[tuple[float, float]], loads: list[tuple[float, float]]) -> dict[str, Any]:
+    """Records whose wait (read → their batch starts) overlapped a model load, and the seconds
+    of load inside their waits (the engine thread runs no batch while it loads)."""
+    overlaps = [sum(max(0.0, min(e, le) - max(s, ls)) for ls, le in loads) for s, e in waits]
+    hit = [o for o in overlaps if o > 0]
+    return {"delayed_records": len(hit), "delayed_s_mean": sum(hit) / len(hit) if hit else 0.0,
+            "waited_records": len(waits)}
+
+
+def _waits_telemetry() -> Any:
+    from spinf_stream.telemetry.recorder import StreamTelemetry
+
+    class Waits(StreamTelemetry):
+        """Keeps each record's wait, ``(read, its batch starts)`` in ``time.monotonic()`` seconds."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.windows: list[tuple[float, float]] = []
+
+        def batch_started(self, headers: Any, waited_s: Any, tokens: int, **lane: Any) -> Any:
+            now = time.monotonic()
+            self.windows.extend((now - w, now) for w in waited_s)
+            return super().batch_started(headers, waited_s, tokens, **lane)
+
+    return Waits()
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -182,6 +211,8 @@ def main() -> None:
     print(f"two packs in one service / one service per pack in turn (records/s): "
           f"{(two['records'] / two['wall_s']) / (seq['records'] / seq['wall_s']):.2f}")
     sw, tm = by["swapping"], by["two-models"]
+    print(f"records delayed by a swap: {sw['delayed_records']} of {sw['waited_records']} waited through a load, "
+          f"{sw['delayed_s_mean']:.2f} s of load each on average (two-models: {tm['delayed_records']})")
     print(f"swap cost: {sw['loads']} loads ({sw['load_s']:.1f} s loading), wall {sw['wall_s']:.1f} s vs "
           f"{tm['wall_s']:.1f} s with both models in memory (+{sw['wall_s'] - tm['wall_s']:.1f} s); "
           f"peak RSS {sw['peak_rss_gib']:.2f} vs {tm['peak_rss_gib']:.2f} GiB")

@@ -150,6 +150,10 @@ def test_a_budget_for_one_model_evicts_the_other_and_a_lane_reloads_it(models, r
     assert pool.evictions == 1 and names(pool) == [models["qwen2"]] and not a.loaded
     assert score(a) == first == reference("spam", "llama")
     assert pool.loads == 3 and pool.evictions == 2 and names(pool) == [models["llama"]]
+    # each load's window: in order, disjoint, as long as its measured seconds
+    windows = list(pool.load_windows)
+    assert len(windows) == 3 and all(s0 <= e0 <= s1 for (s0, e0), (s1, _) in zip(windows, windows[1:]))
+    assert [e - s for s, e in windows] == pytest.approx(list(pool.load_seconds), abs=0.01)
 
 
 def test_a_budget_for_both_models_evicts_nothing(models):

@@ -112,7 +112,8 @@ class EnginePool:
 
     Counters (engine thread): ``loads``, ``load_failures``, ``evictions`` (every unload: to make
     room, idle or asked), ``idle_evictions``, ``load_seconds`` (the latest :data:`LOAD_TIMES_KEPT`
-    loads' seconds, wall clock) and ``load_seconds_total``.
+    loads' seconds, wall clock), ``load_seconds_total`` and ``load_windows`` (the latest loads'
+    ``(start, end)`` in ``time.monotonic()`` seconds: while one runs no batch does).
 
     Raises:
         ValueError: an unknown dtype, a back end that cannot run on ``device``, a negative budget
@@ -145,6 +146,7 @@ class EnginePool:
         self.idle_evictions = 0
         self.load_seconds: deque[float] = deque(maxlen=LOAD_TIMES_KEPT)
         self.load_seconds_total = 0.0
+        self.load_windows: deque[tuple[float, float]] = deque(maxlen=LOAD_TIMES_KEPT)
         self._models: dict[str, _Model] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()  # loaded models, least recently used first
         self._numerics: NumericsRef | None = None
@@ -266,7 +268,7 @@ class EnginePool:
         ]
 
     def _load(self, m: _Model) -> None:
-        start = time.perf_counter()
+        start, began = time.perf_counter(), time.monotonic()
         try:
             decoder = load_decoder(
                 m.resolved.path, dtype=self.dtype, device=self.device, kernels=self.kernels, threads=self.threads,
@@ -284,6 +286,7 @@ class EnginePool:
         self.loads += 1
         self.load_seconds.append(seconds)
         self.load_seconds_total += seconds
+        self.load_windows.append((began, time.monotonic()))
         self._lru[m.name] = None
         log.info("loaded model %s in %.2f s: %.1f MiB of weights (estimated %.1f MiB)", m.name, seconds,
                  m.weight_bytes / 2**20, (m.header_bytes or 0) / 2**20)
