@@ -382,6 +382,63 @@ class DevSettings(ScoringSettings):
     )
 
 
+class ApiSettings(BaseSettings):
+    """The HTTP API's settings (``serve``; README, "Scoring over HTTP")."""
+
+    api_host: str | None = Field(
+        None, description="Address the HTTP API listens on. Default: 0.0.0.0 with an API key, 127.0.0.1 (loopback only) without one.")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API (0: any free port).")
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="API keys (comma-separated; also SPINF_API_KEYS): requests need Authorization: Bearer <key>. "
+        "None: no key asked, and the API listens on loopback unless --api-host is given.")
+    api_window_ms: float = Field(5.0, ge=0, description="Latency window (ms) of API requests: how long a request waits for others to share its pass.")
+    api_max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body (bytes); a larger one gets 413.")
+    api_max_messages: int = Field(1024, ge=1, description="Messages per request, at most (400 above).")
+    api_timeout_s: float = Field(60.0, gt=0, description="A request not answered in this many seconds gets 504 (its messages not yet scored are dropped).")
+    api_max_queue: int = Field(4096, ge=1, description="Messages queued for the engine, at most; a request that would pass it gets 429 with Retry-After.")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        return _topics(value)
+
+    @model_validator(mode="after")
+    def _keys_env(self) -> ApiSettings:
+        import os
+
+        if not self.api_key and os.environ.get("SPINF_API_KEYS"):
+            self.api_key = [SecretStr(k) for k in _topics(os.environ["SPINF_API_KEYS"])]
+        return self
+
+    def listen_host(self) -> str:
+        """The address to bind: ``--api-host``, else all interfaces with a key, loopback without."""
+        if self.api_host is not None:
+            return self.api_host
+        return "0.0.0.0" if self.api_key else "127.0.0.1"
+
+
+class ServeSettings(ApiSettings):
+    """``spinf-stream serve``: the HTTP API alone, no Kafka (pack, model and device as for ``score``)."""
+
+    model_config = _settings_config()
+
+    pack: str = pack_field(DEFAULT_PACK)
+    model: str = model_field()
+    device: str = device_field()
+    dtype: DType = dtype_field()
+    calibration: str = calibration_field()
+    allow_unstable_bits: bool = allow_unstable_bits_field()
+    token_budget: int = token_budget_field("Tokens per forward pass; a batch closes when its messages reach it.")
+    max_batch_messages: int = Field(512, ge=1, description="A batch closes when it holds this many messages.")
+    special_tokens_in_fields: Literal["plain", "parse"] | None = Field(
+        None, description="How text in fields that looks like the tokenizer's special tokens is read (default: the pack's).")
+    too_long: Literal["truncate", "reject"] = Field(
+        "reject", description="A message longer than the model's context: reject (an error record naming it) or truncate its longest field.")
+    max_prepare_s: float = Field(10.0, gt=0, description="A message whose tokenization takes longer is a too_slow error record.")
+    log_level: LogLevel = Field("INFO", description=LOG_LEVEL_HELP)
+    log_format: Literal["text", "json"] = Field("text", description="text: human-readable lines; json: one JSON object per line.")
+
+
 class ProduceSettings(KafkaSettings):
     """``spinf-stream produce``: publish a JSON-lines file to a topic, one record per line."""
 

@@ -1,4 +1,4 @@
-"""Writes ``schemas/`` from the pydantic models of every record.
+"""Writes ``schemas/`` from the pydantic models of every record and of the HTTP API.
 
 The JSON Schemas of every record the project emits (``python -m spinf_stream.schemas [DIR]``;
 ``tests/test_schemas.py`` keeps the committed files in sync)."""
@@ -15,8 +15,11 @@ from .stream.records import stream_schemas
 
 
 def all_schemas() -> dict[str, dict[str, Any]]:
-    """File name → JSON Schema, engine records and stream records."""
-    return {**record_schemas(), **stream_schemas()}
+    """File name → JSON Schema, engine records and stream records; and the HTTP API's OpenAPI
+    document (``openapi.json``)."""
+    from spinf_stream.api.app import openapi_document
+
+    return {**record_schemas(), **stream_schemas(), "openapi.json": openapi_document()}
 
 
 def render(schema: dict[str, Any]) -> str:

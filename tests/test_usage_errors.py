@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -89,6 +90,9 @@ def score(files: dict[str, str], *extra: str) -> list[str]:
     return ["score", *[x for kv in base.items() for x in kv]]
 
 
+#: a listening socket held for the module: the port "serve on a busy port" asks for
+BUSY = socket.create_server(("127.0.0.1", 0))
+
 # name, args (a function of the files), env, texts the line must contain, timed (a broker or file mistake)
 CASES = [
     ("negative window", lambda f: ["run", "--window-ms", "-5"], {}, ["--window-ms -5", "≥ 0", "SPINF_WINDOW_MS"], False),
@@ -101,7 +105,7 @@ CASES = [
     ("misspelt flag", lambda f: ["run", "--windw-ms", "3"], {}, ["unknown option --windw-ms", "did you mean --window-ms"], False),
     ("value after an on/off flag", lambda f: ["score", "--strict", "yes"], {}, ["unexpected argument 'yes'", "--no-strict"], False),
     ("flag without its value", lambda f: ["run", "--token-budget"], {}, ["--token-budget needs a value"], False),
-    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, evaluate, calibrate, labels, run, dev, produce, consume, packs"], False),
+    ("unknown command", lambda f: ["rn"], {}, ["unknown command 'rn'", "score, evaluate, calibrate, labels, run, dev, serve, produce, consume, packs"], False),
     ("no command", lambda f: [], {}, ["choose a command"], False),
     ("bad dtype from env", lambda f: ["run"], {"SPINF_DTYPE": "fp16"}, ["SPINF_DTYPE=fp16", "auto, float32, bfloat16, fp8"], False),
     ("bad boolean from env", lambda f: ["run"], {"SPINF_ENABLE_IDEMPOTENCE": "maybe"}, ["SPINF_ENABLE_IDEMPOTENCE=maybe", "true or false"], False),
@@ -144,6 +148,10 @@ CASES = [
     ("produce to an unreachable broker", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["in"]], {}, ["cannot reach the Kafka broker"], True),
     ("produce a .jsonl line that is not JSON", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["bad_jsonl"]], {}, ["non-blank line 2 is not JSON", "nothing was published", "--no-validate-json"], True),
     ("produce a missing file", lambda f: ["produce", "--topic", "t", "--input", f["dir"] + "/nope.jsonl"], {}, ["--input", "no such file"], True),
+    ("serve with an unknown pack", lambda f: ["serve", "--pack", "spma", "--api-port", "0"], {}, ["no such pack", "spam"], True),
+    ("serve on a port out of range", lambda f: ["serve", "--api-port", "70000"], {}, ["--api-port 70000", "≤ 65535", "SPINF_API_PORT"], True),
+    ("serve on a busy port", lambda f: ["serve", "--api-port", str(BUSY.getsockname()[1])], {}, ["--api-port", "cannot listen", "in use"], True),
+    ("serve with an unknown model", lambda f: ["serve", "--api-port", "0", "--model", "no-such-model"], {}, ["no-such-model", "qwen2.5-coder-0.5b"], False),
     ("consume from an unreachable broker", lambda f: ["consume", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t"], {}, ["cannot reach the Kafka broker"], True),
 ]
 

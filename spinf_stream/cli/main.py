@@ -34,7 +34,7 @@ from spinf_stream.errors import UsageError
 from spinf_stream.cli.labelled_commands import CalibrateCommand, EvaluateCommand, LabelsCommand
 from spinf_stream.cli.offline import ScoreCommand
 from spinf_stream.cli.pack_commands import PacksCommand
-from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand
+from spinf_stream.cli.stream_commands import ConsumeCommand, DevCommand, ProduceCommand, RunCommand, ServeCommand
 from spinf_stream.cli.usage import argument_adder, explain, one_line, subcommands
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -71,6 +71,7 @@ class SpinfStream(BaseSettings):
     labels: CliSubCommand[LabelsCommand] = Field(description="write a pack's labelled rows from its data sets")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
+    serve: CliSubCommand[ServeCommand] = Field(description="serve the HTTP scoring API alone (no Kafka)")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")
     consume: CliSubCommand[ConsumeCommand] = Field(description="print a topic's records as JSON lines")
     packs: CliSubCommand[PacksCommand] = Field(description="list the packs, or show one's questions, prompt and tokens")

@@ -1,6 +1,6 @@
 """The stream's subcommands of ``spinf-stream`` as pydantic-settings models (``cli_cmd`` runs one).
 
-``spinf_stream.cli`` mounts them as ``run``, ``dev``, ``produce`` and ``consume``; each can also be
+``spinf_stream.cli`` mounts them as ``run``, ``dev``, ``serve``, ``produce`` and ``consume``; each can also be
 run alone with ``pydantic_settings.CliApp.run(RunCommand)``. Each ``cli_cmd`` ends the process
 with its exit code (``SystemExit``) when that code is not 0.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from spinf_stream.config import ConsumeSettings, DevSettings, ProduceSettings, RunSettings
+from spinf_stream.config import ConsumeSettings, DevSettings, ProduceSettings, RunSettings, ServeSettings
 
 
 def _exit(code: int) -> None:
@@ -37,6 +37,16 @@ class DevCommand(DevSettings):
         from spinf_stream.stream.dev import run_dev
 
         _exit(run_dev(self))
+
+
+class ServeCommand(ServeSettings):
+    """Serve the HTTP scoring API alone, no Kafka (POST /v1/score, GET /v1/packs, /v1/models,
+    /openapi.json): the pack and model as for score. SIGTERM/SIGINT finish the requests in flight."""
+
+    def cli_cmd(self) -> None:
+        from spinf_stream.api.serve import run_serve
+
+        _exit(run_serve(self))
 
 
 class ProduceCommand(ProduceSettings):

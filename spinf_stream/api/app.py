@@ -1,0 +1,188 @@
+"""The FastAPI application of the HTTP API: routes, API keys, limits and one error shape.
+
+Errors are OpenAI's shape, ``{"error": {"type", "message", "param"}}``: 400
+``invalid_request_error`` (a body that does not validate, too many messages), 401
+``authentication_error`` (a missing or wrong ``Authorization: Bearer`` key, compared in constant
+time), 404 ``not_found_error`` (a pack, calibration or model not served), 413
+``request_too_large`` (a body over ``max_body_bytes``, refused before it is read whole), 429
+``rate_limit_error`` (the queue is full; ``Retry-After`` says when to try again), 504
+``timeout_error`` (a request over ``timeout_s``; its messages that have not run leave the queue).
+No message content is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from spinf_stream.api.bodies import (
+    ErrorResponse, ModelEntry, ModelsResponse, PackEntry, PacksResponse, ScoreRequest, ScoreResponse, Usage,
+)
+from spinf_stream.api.scoring import ApiScoring, QueueFull, UnknownLane
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 504)}
+
+
+class ApiError(Exception):
+    """An error answered in the API's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"type": ERROR_TYPES.get(status, "server_error"), "message": message, "param": param}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413, by its ``Content-Length``
+    before any byte is read, or as soon as the streamed bytes pass it (a body without a length is
+    read here, at most ``max_bytes`` of it, then handed to the application)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = error_response(413, f"the request body is over {self.max_bytes} bytes")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the server reads no more than the length
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(
+    scoring: ApiScoring, *, api_keys: Sequence[str] = (), max_body_bytes: int = 8 << 20, max_messages: int = 1024,
+    timeout_s: float = 60.0, model_name: str, model_loaded: Callable[[], bool], model_sha256: str | None = None,
+    retry_after_s: int = 1,
+) -> FastAPI:
+    """The API over ``scoring`` (one model, ``model_name``); ``api_keys`` empty: no key asked."""
+    app = FastAPI(title="spinf-stream", version="1", summary="Score messages against prompt packs with a decision model.")
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    bearer = HTTPBearer(auto_error=False)
+    keys = [k.encode() for k in api_keys]
+
+    async def require_key(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if not keys:
+            return
+        given = (credentials.credentials if credentials is not None else "").encode()
+        ok = False
+        for k in keys:  # every key compared, each in constant time
+            ok |= hmac.compare_digest(given, k)
+        if not ok:
+            raise ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        return error_response(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}", ".".join(loc) or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("API request failed: %s", type(exc).__name__, exc_info=exc)
+        return error_response(500, f"internal error ({type(exc).__name__})")
+
+    @app.post("/v1/score", response_model=ScoreResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def score(body: ScoreRequest) -> ScoreResponse:
+        """Score each message against a pack: one record per message, in order."""
+        if len(body.messages) > max_messages:
+            raise ApiError(400, f"{len(body.messages)} messages; at most {max_messages} per request", "messages")
+        if body.model is not None and body.model != model_name:
+            raise ApiError(404, f"model {body.model!r} is not served here; served: {model_name}", "model")
+        try:
+            lane = scoring.lane_for(body.pack, body.calibration)
+        except UnknownLane as e:
+            raise ApiError(404, str(e), e.param) from None
+        try:
+            async with asyncio.timeout(timeout_s):
+                scored = await scoring.score(lane, body.messages)
+        except QueueFull as e:
+            raise ApiError(429, str(e), headers={"Retry-After": str(retry_after_s)}) from None
+        except TimeoutError:
+            raise ApiError(504, f"the request took over {timeout_s:g} s; its messages not yet scored were dropped") from None
+        return ScoreResponse(records=scored.records, usage=Usage(prompt_tokens=scored.prompt_tokens,
+                                                                 computed_tokens=scored.computed_tokens))
+
+    @app.get("/v1/packs", response_model=PacksResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def packs() -> PacksResponse:
+        """The packs served: versions, questions, choices, default calibration."""
+        seen: dict[str, PackEntry] = {}
+        for lane in scoring.lanes.values():
+            if lane.pack in seen:
+                continue
+            pack = lane.scorer.pack
+            cal = getattr(lane.scorer, "calibration", None)
+            seen[lane.pack] = PackEntry(
+                name=lane.pack, version=lane.version, fields=list(pack.fields),
+                questions=[{"id": q.id, "choices": list(q.choices), "kind": "extraction" if q.extract is not None else "choice"}
+                           for q in pack.expand()],
+                calibration=(getattr(cal, "id", None) or "loaded") if cal is not None else None)
+        return PacksResponse(data=list(seen.values()))
+
+    @app.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def models() -> ModelsResponse:
+        """The models served and whether each is loaded now."""
+        return ModelsResponse(data=[ModelEntry(id=model_name, loaded=model_loaded(), sha256=model_sha256)])
+
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The API's OpenAPI document (``/openapi.json``; checked in as ``schemas/openapi.json``)."""
+    from typing import cast
+
+    return create_app(cast(ApiScoring, None), model_name="", model_loaded=lambda: False).openapi()

@@ -1,0 +1,221 @@
+"""Requests as micro-batch work: each request's messages are prepared (tokenized) off the event
+loop, queued on their lane (one per pack and calibration), and batched onto the engine thread by
+the stream's :class:`~spinf_stream.stream.scheduler.Scheduler` (latency window ``window_s``,
+default 5 ms, token budget, message cap). A message's record is what the same lane gives it in
+any batch: scores are bitwise independent of what shares a pass.
+
+The queue is bounded: a request that would take it past ``max_queued`` messages is refused with
+:class:`QueueFull` (HTTP 429), never held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ScoreRecord
+from spinf_stream.messages import json_type_name
+from spinf_stream.stream.engine_thread import EngineThread
+from spinf_stream.stream.scheduler import Scheduler
+from spinf_stream.stream.scorer import Scorer, engine_message_factory, is_error, prepare_messages, run_isolating
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The request would take the queue past its bound (HTTP 429)."""
+
+
+class UnknownLane(LookupError):
+    """No served pack (or calibration) matches what the request names (HTTP 404)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A served (pack, calibration) and the scorer that reads it."""
+
+    key: str
+    pack: str
+    version: str
+    calibration: Literal["auto", "none"]
+    scorer: Scorer
+
+
+@dataclass
+class _Item:
+    prepared: Any
+    future: asyncio.Future[ScoreRecord | ErrorRecord]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A request's records (one per message, in order) and its token counts."""
+
+    records: list[dict[str, Any]]
+    prompt_tokens: int
+    computed_tokens: int
+
+
+def message_id(index: int, fields: Mapping[str, Any]) -> str | ErrorRecord:
+    """A message's id: its ``id`` field (a string or an integer) or its index in the request."""
+    raw = fields.get("id")
+    if raw is None:
+        return str(index)
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        return ErrorRecord(id=str(index), error=ErrorInfo(
+            kind="wrong_type", message=f"field 'id' must be a string or an integer, got a JSON {json_type_name(raw)}"))
+    if not str(raw).strip():
+        return ErrorRecord(id=str(index), error=ErrorInfo(kind="empty_field", message="field 'id' is empty"))
+    return str(raw)
+
+
+class ApiScoring:
+    """Scores requests on ``lanes`` (one model), batched onto ``engine_thread``.
+
+    Args:
+        lanes: the served lanes; the first of each pack with ``calibration`` the server's default.
+        engine_thread: the thread that owns the device (shared with the stream when there is one).
+        token_budget, max_batch_messages: a batch's bounds (as the stream's).
+        window_s: how long a lone request waits for others to share its pass (seconds).
+        max_queued: messages waiting at most (over every lane).
+        too_long: ``reject`` or ``truncate`` (as ``--too-long``).
+        max_prepare_s: as ``--max-prepare-s``.
+    """
+
+    def __init__(
+        self, lanes: Sequence[Lane], engine_thread: EngineThread, *, token_budget: int, max_batch_messages: int = 512,
+        window_s: float = 0.005, max_queued: int = 4096, too_long: Literal["truncate", "reject"] = "reject",
+        max_prepare_s: float | None = None, on_batch: Callable[[str, int, float], None] | None = None,
+    ) -> None:
+        self.lanes = {lane.key: lane for lane in lanes}
+        self.engine_thread = engine_thread
+        self.max_queued = max_queued
+        self.too_long = too_long
+        self.max_prepare_s = max_prepare_s
+        self._make_message = engine_message_factory()
+        self._scheduler: Scheduler[_Item] = Scheduler(
+            {k: token_budget for k in self.lanes}, max_batch_messages, window_s,
+            loaded=lambda k: bool(getattr(self.lanes[k].scorer, "loaded", True)))
+        self._queued = 0
+        self._on_batch = on_batch
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lanes --------------------------------------------------------------------------------
+
+    def lane_for(self, pack: str, calibration: str | None) -> Lane:
+        """The lane of ``pack`` (``name`` or ``name@version``) with ``calibration`` (``None``:
+        the server's default). Raises :class:`UnknownLane`."""
+        name, _, version = pack.partition("@")
+        found = [lane for lane in self.lanes.values() if lane.pack == name and (not version or lane.version == version)]
+        if not found:
+            served = ", ".join(sorted({f"{lane.pack}@{lane.version}" for lane in self.lanes.values()}))
+            raise UnknownLane("pack", f"pack {pack!r} is not served here; served: {served}")
+        if calibration is None:
+            return found[0]
+        for lane in found:
+            if lane.calibration == calibration:
+                return lane
+        raise UnknownLane("calibration", f"calibration {calibration!r} is not served for pack {pack!r}")
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def score(self, lane: Lane, messages: Sequence[Mapping[str, Any]]) -> Scored:
+        """Score ``messages`` on ``lane``: their records, in order. Raises :class:`QueueFull`.
+        Cancelling the call (a timeout, a client gone) drops its messages that have not run."""
+        if self._queued + len(messages) > self.max_queued:
+            raise QueueFull(f"{self._queued} messages are queued; {len(messages)} more would pass the bound of {self.max_queued}")
+        ids = [message_id(i, m) for i, m in enumerate(messages)]
+        todo = [(mid, dict(m)) for mid, m in zip(ids, messages) if isinstance(mid, str)]
+        self._queued += len(todo)
+        items: list[_Item] = []
+        try:
+            prepared = await asyncio.to_thread(
+                prepare_messages, lane.scorer, self._make_message, todo, self.too_long, self.max_prepare_s)
+            loop = asyncio.get_running_loop()
+            it = iter(prepared)
+            records: list[ScoreRecord | ErrorRecord | asyncio.Future[ScoreRecord | ErrorRecord]] = []
+            truncated: dict[int, Any] = {}
+            prompt = computed = 0
+            for i, mid in enumerate(ids):
+                if not isinstance(mid, str):
+                    records.append(mid)
+                    continue
+                p = next(it)
+                if p.truncated is not None:
+                    truncated[i] = p.truncated
+                if is_error(p.item):
+                    records.append(p.item)
+                    continue
+                prompt += getattr(p.item, "prefix_len", 0) + int(p.item.n_tokens)
+                computed += int(p.item.cost_tokens)
+                item = _Item(p.item, loop.create_future())
+                items.append(item)
+                self._scheduler.add(lane.key, item, int(p.item.cost_tokens))
+                records.append(item.future)
+            self._queued -= len(todo) - len(items)
+            out: list[dict[str, Any]] = []
+            for i, r in enumerate(records):
+                rec = await r if isinstance(r, asyncio.Future) else r
+                out.append(_plain(rec, truncated.get(i)))
+            return Scored(out, prompt, computed)
+        finally:
+            waiting = {id(it) for it in items if not it.future.done()}
+            if waiting:  # cancelled: what has not run leaves the queue
+                dropped = self._scheduler.discard(lambda it: id(it) in waiting)
+                self._queued -= len(dropped)
+                for it in items:
+                    it.future.cancel()
+
+    # -- the batch loop -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batch loop in the running event loop."""
+        self._task = asyncio.create_task(self._batches(), name="spinf-api-batches")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            got = await self._scheduler.next_batch()
+            if got is None:
+                continue
+            key, batch = got
+            self._queued -= len(batch)
+            live = [it for it in batch if not it.future.done()]
+            if not live:
+                continue
+            started = loop.time()
+            try:
+                records = await self.engine_thread.run(run_isolating, self.lanes[key].scorer, [it.prepared for it in live])
+            except Exception as exc:  # the engine thread is gone: every waiting request fails, not hangs
+                log.exception("API batch failed")
+                for it in live:
+                    if not it.future.done():
+                        it.future.set_exception(exc)
+                continue
+            if self._on_batch is not None:
+                self._on_batch(key, len(live), loop.time() - started)
+            for it, rec in zip(live, records):
+                if not it.future.done():
+                    it.future.set_result(rec)
+
+
+def _plain(rec: ScoreRecord | ErrorRecord, truncated: Any) -> dict[str, Any]:
+    """A record as ``spinf-stream score`` writes it (plus ``truncated`` when the text was cut)."""
+    if isinstance(rec, ErrorRecord):
+        return rec.model_dump(mode="json", exclude_none=True)
+    plain = rec.model_dump(mode="json")
+    if truncated is not None:
+        plain["truncated"] = truncated.model_dump(mode="json") if hasattr(truncated, "model_dump") else truncated
+    return plain

@@ -1,0 +1,310 @@
+"""The HTTP API over a real port with a real HTTP client (httpx): ``spinf-stream serve`` on a tiny
+model (records bitwise equal to offline scoring), and the API's limits, keys and error shape on
+a deterministic stand-in for the engine (FakeScorer)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from broker import CLI, REPO, FakeScorer, fake_record, tiny_model  # noqa: F401  (fixtures)
+from spinf_stream.api.app import create_app
+from spinf_stream.api.scoring import ApiScoring, Lane
+from spinf_stream.api.serve import ApiServer, bind
+from spinf_stream.stream.broker import free_port
+from spinf_stream.packs import load_pack
+from spinf_stream.stream.engine_thread import EngineThread
+
+SPAM = load_pack("spam")
+
+
+def fake(**kwargs: Any) -> FakeScorer:
+    """The stand-in reading the shipped spam pack."""
+    return FakeScorer(pack=SPAM, **kwargs)
+
+# -- in process, on the stand-in ---------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    url: str
+    scoring: ApiScoring
+
+
+@contextmanager
+def serving(scorers: dict[str, FakeScorer] | None = None, *, max_queued: int = 4096, window_s: float = 0.005,
+            **app_kwargs: Any) -> Iterator[Served]:
+    """The API on a FakeScorer per calibration (``auto``, ``none``), on a loop of its own thread."""
+    scorers = scorers or {"auto": fake(), "none": fake()}
+    lanes = [Lane(f"spam|{c}", s.pack.name, s.pack.version, c, s) for c, s in scorers.items()]
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict[str, Any] = {}
+    with EngineThread() as engine:
+        scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued)
+        app = create_app(scoring, model_name="fake-model", model_loaded=lambda: True, **app_kwargs)
+        sock = bind("127.0.0.1", 0)
+
+        async def main() -> None:
+            server = ApiServer(app, sock)
+            scoring.start()
+            await server.start()
+            box["stop"] = asyncio.Event()
+            started.set()
+            await box["stop"].wait()
+            await server.stop()
+            await scoring.stop()
+
+        thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+        thread.start()
+        assert started.wait(30)
+        try:
+            yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", scoring)
+        finally:
+            loop.call_soon_threadsafe(box["stop"].set)
+            thread.join(30)
+            loop.close()
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "message", "param"}, body
+    return body["error"]
+
+
+def test_score_returns_one_record_per_message_in_order_with_error_records_in_place():
+    scorer = fake()
+    msgs = [{"id": "a", "text": "hello"}, {"text": "no id here"}, {"id": 7, "text": "an integer id"},
+            {"id": "m", "body": "no text field"}, {"id": ["x"], "text": "a list id"}, {"id": "e", "text": "   "}]
+    with serving({"auto": scorer}) as s:
+        r = httpx.post(f"{s.url}/v1/score", json={"pack": "spam", "messages": msgs})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "spinf.score"
+    recs = body["records"]
+    assert [x["id"] for x in recs] == ["a", "1", "7", "m", "4", "e"]
+    for i in (0, 1, 2):
+        want = fake_record(recs[i]["id"], msgs[i]["text"], scorer)
+        assert recs[i] == want.model_dump(mode="json")  # the record offline score writes
+    assert recs[3]["error"]["kind"] == "missing_field" and recs[4]["error"]["kind"] == "wrong_type"
+    assert recs[5]["error"]["kind"] == "empty_field"
+    # usage: the stand-in's token counts (its definition: 10 + len(text) // 4) of the scored ones
+    n = sum(10 + len(msgs[i]["text"]) // 4 for i in (0, 1, 2))
+    assert body["usage"] == {"prompt_tokens": n, "computed_tokens": n}
+
+
+def test_requests_that_arrive_together_share_a_pass_and_get_their_own_records():
+    scorer = fake()
+    with serving({"auto": scorer}, window_s=0.2) as s:
+        async def go() -> list[httpx.Response]:
+            async with httpx.AsyncClient() as c:
+                return await asyncio.gather(*[
+                    c.post(f"{s.url}/v1/score", json={"pack": "spam", "messages": [{"id": f"r{i}", "text": f"text {i}"}]})
+                    for i in range(6)])
+        rs = asyncio.run(go())
+    for i, r in enumerate(rs):
+        (rec,) = r.json()["records"]
+        assert rec == fake_record(f"r{i}", f"text {i}", scorer).model_dump(mode="json")
+    assert sum(scorer.batches) == 6 and len(scorer.batches) < 6  # batched across requests
+
+
+def test_the_calibration_picks_the_lane_and_the_pack_may_name_its_version():
+    auto, none = fake(), fake()
+    with serving({"auto": auto, "none": none}) as s:
+        for cal, scorer in (("none", none), ("auto", auto), (None, auto)):
+            body = {"pack": f"spam@{SPAM.version}", "messages": [{"text": "x"}]} | ({"calibration": cal} if cal else {})
+            before = len(scorer.batches)
+            assert httpx.post(f"{s.url}/v1/score", json=body).status_code == 200
+            assert len(scorer.batches) == before + 1, cal
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"pack": "nope", "messages": [{"text": "x"}]}, 404, "pack"),
+    ({"pack": "spam@9.9.9", "messages": [{"text": "x"}]}, 404, "pack"),
+    ({"pack": "spam", "model": "other", "messages": [{"text": "x"}]}, 404, "model"),
+    ({"pack": "spam", "messages": []}, 400, "messages"),
+    ({"pack": "spam", "messages": "hello"}, 400, "messages"),
+    ({"pack": "spam", "messages": [1, 2]}, 400, "messages.0"),
+    ({"pack": "spam", "messages": [{"text": "x"}], "calibration": "recall95"}, 400, "calibration"),
+    ({"messages": [{"text": "x"}]}, 400, "pack"),
+    ({"pack": "spam", "messages": [{"text": "x"}], "extra": 1}, 400, "extra"),
+    ({"pack": "spam", "messages": [{"text": "x"}] * 11}, 400, "messages"),
+])
+def test_bad_requests_get_one_error_shape_naming_the_field(body, status, param):
+    with serving(max_messages=10) as s:
+        r = httpx.post(f"{s.url}/v1/score", json=body)
+    assert r.status_code == status, r.text
+    err = error_of(r)
+    assert err["param"] == param and err["type"] == {400: "invalid_request_error", 404: "not_found_error"}[status]
+
+
+def test_a_body_that_is_not_json_is_a_400():
+    with serving() as s:
+        r = httpx.post(f"{s.url}/v1/score", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and error_of(r)["type"] == "invalid_request_error"
+
+
+def test_an_oversized_body_is_a_413_by_length_and_when_streamed():
+    big = orjson.dumps({"pack": "spam", "messages": [{"text": "x" * 5000}]})
+    with serving(max_body_bytes=4096) as s:
+        r = httpx.post(f"{s.url}/v1/score", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and error_of(r)["type"] == "request_too_large"
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer
+            for i in range(0, len(big), 1000):
+                yield big[i:i + 1000]
+
+        r = httpx.post(f"{s.url}/v1/score", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and error_of(r)["type"] == "request_too_large"
+        ok = httpx.post(f"{s.url}/v1/score", json={"pack": "spam", "messages": [{"text": "small"}]})
+        assert ok.status_code == 200
+
+
+def test_api_keys_are_required_when_configured():
+    with serving(api_keys=["k1-secret", "k2-secret"]) as s:
+        body = {"pack": "spam", "messages": [{"text": "x"}]}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k1-secret"}, {"Authorization": "Basic k1-secret"}):
+            r = httpx.post(f"{s.url}/v1/score", json=body, headers=headers)
+            assert r.status_code == 401, headers
+            assert error_of(r)["type"] == "authentication_error" and r.headers["www-authenticate"] == "Bearer"
+        for key in ("k1-secret", "k2-secret"):
+            assert httpx.post(f"{s.url}/v1/score", json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(f"{s.url}/v1/packs").status_code == 401
+        assert httpx.get(f"{s.url}/v1/models", headers={"Authorization": "Bearer k2-secret"}).status_code == 200
+
+
+def test_a_full_queue_is_a_429_with_retry_after_not_a_hang():
+    slow = fake(delay_s=1.0)
+    with serving({"auto": slow}, max_queued=4) as s:
+        def body(tag: str, n: int) -> dict[str, Any]:
+            return {"pack": "spam", "messages": [{"text": f"{tag}{i}"} for i in range(n)]}
+
+        async def go() -> tuple[httpx.Response, ...]:
+            async with httpx.AsyncClient(timeout=30) as c:
+                running = asyncio.create_task(c.post(f"{s.url}/v1/score", json=body("a", 3)))
+                await asyncio.sleep(0.3)  # its batch is on the engine
+                queued = asyncio.create_task(c.post(f"{s.url}/v1/score", json=body("b", 3)))
+                await asyncio.sleep(0.2)  # 3 queued of 4
+                t0 = time.monotonic()
+                refused = await c.post(f"{s.url}/v1/score", json=body("c", 2))
+                assert time.monotonic() - t0 < 0.5  # answered at once
+                return await running, await queued, refused
+        running, queued, refused = asyncio.run(go())
+    assert running.status_code == 200 and queued.status_code == 200
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert error_of(refused)["type"] == "rate_limit_error"
+
+
+def test_a_request_over_the_timeout_is_a_504_and_its_queued_messages_leave_the_queue():
+    slow = fake(delay_s=0.5)
+    with serving({"auto": slow}, timeout_s=0.2, window_s=0.0) as s:
+        r = httpx.post(f"{s.url}/v1/score", json={"pack": "spam", "messages": [{"text": "a"}]})
+        assert r.status_code == 504 and error_of(r)["type"] == "timeout_error"
+        time.sleep(0.6)
+        assert len(s.scoring._scheduler) == 0 and s.scoring._queued == 0
+
+
+def test_packs_and_models_list_what_is_served():
+    with serving() as s:
+        packs = httpx.get(f"{s.url}/v1/packs").json()
+        models = httpx.get(f"{s.url}/v1/models").json()
+    assert packs["object"] == "list" and [p["name"] for p in packs["data"]] == ["spam"]
+    (entry,) = packs["data"]
+    assert entry["version"] == SPAM.version and entry["fields"] == list(SPAM.fields)
+    assert [q["id"] for q in entry["questions"]] == [q.id for q in SPAM.expand()]
+    assert all(q["choices"] == list(e.choices) for q, e in zip(entry["questions"], SPAM.expand()))
+    assert models == {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "spinf-stream",
+                                                   "loaded": True, "sha256": None}]}
+
+
+def test_the_checked_in_openapi_document_is_the_one_served():
+    from spinf_stream.api.app import openapi_document
+
+    with serving() as s:
+        served = httpx.get(f"{s.url}/openapi.json").json()
+    assert served == openapi_document()
+    assert orjson.loads((REPO / "schemas" / "openapi.json").read_bytes()) == served, "run `make schemas`"
+
+
+# -- spinf-stream serve on a tiny model ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*CLI, "serve", "--model", str(tiny_model), "--pack", "spam", "--token-budget", "512",
+                                 "--api-port", str(port), "--device", "cpu", "--dtype", "float32"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    assert proc.wait(30) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "loopback only" in text  # no key: the warning
+
+
+def test_serve_records_equal_offline_scoring_for_each_calibration(served_model, tiny_model):
+    from spinf_stream.engine import Engine, Message
+    from broker import real_messages
+
+    msgs = [{"id": m["id"], "text": m["text"]} for m in real_messages("sms_spam", 12)]
+    for cal in ("auto", "none"):
+        r = httpx.post(f"{served_model}/v1/score", json={"pack": "spam", "messages": msgs, "calibration": cal}, timeout=60)
+        assert r.status_code == 200, r.text
+        engine = Engine.load(model=str(tiny_model), pack="spam", token_budget=512, calibration=cal)
+        want = [rec.model_dump(mode="json") for rec in engine.score([Message(id=m["id"], fields=m) for m in msgs])]
+        assert r.json()["records"] == want, cal
+        assert r.json()["usage"]["prompt_tokens"] > r.json()["usage"]["computed_tokens"] > 0  # the preamble is read once
+
+
+def test_serve_lists_its_pack_and_model_and_binds_loopback_without_a_key(served_model):
+    packs = httpx.get(f"{served_model}/v1/packs").json()["data"]
+    assert packs[0]["name"] == "spam" and packs[0]["questions"][0]["choices"]
+    assert httpx.get(f"{served_model}/v1/models").json()["data"][0]["loaded"] is True
+    port = int(served_model.rsplit(":", 1)[1])
+    addrs = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1", "127.0.1.1"}
+    for addr in addrs:  # another interface of this machine does not reach it
+        with pytest.raises(OSError):
+            socket.create_connection((addr, port), timeout=1).close()
+
+
+def test_the_readme_curl_example_runs_against_serve(served_model):
+    import re
+    import shutil
+
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    text = (REPO / "README.md").read_text()
+    (block,) = re.findall(r"<!-- api-example -->\n```bash\n(.*?)```", text, flags=re.S)
+    command = block.split("&\n", 1)[1].replace("localhost:8000", served_model.removeprefix("http://"))
+    out = subprocess.run(["bash", "-c", command], capture_output=True, timeout=60, env={"PATH": os.path.dirname(curl)})
+    assert out.returncode == 0, out.stderr
+    records = orjson.loads(out.stdout)["records"]
+    assert [r["id"] for r in records] == ["m1", "m2"] and all(r["digest"].startswith("sha256:") for r in records)
