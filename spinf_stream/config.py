@@ -199,7 +199,42 @@ class KafkaSettings(BaseSettings):
         return kwargs
 
 
-class ScoringSettings(BaseSettings):
+class ApiSettings(BaseSettings):
+    """The HTTP API's settings (``serve``; README, "Scoring over HTTP")."""
+
+    api_host: str | None = Field(
+        None, description="Address the HTTP API listens on. Default: 0.0.0.0 with an API key, 127.0.0.1 (loopback only) without one.")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API (0: no API).")
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="API keys (comma-separated; also SPINF_API_KEYS): requests need Authorization: Bearer <key>. "
+        "None: no key asked, and the API listens on loopback unless --api-host is given.")
+    api_window_ms: float = Field(5.0, ge=0, description="Latency window (ms) of API requests: how long a request waits for others to share its pass.")
+    api_max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body (bytes); a larger one gets 413.")
+    api_max_messages: int = Field(1024, ge=1, description="Messages per request, at most (400 above).")
+    api_timeout_s: float = Field(60.0, gt=0, description="A request not answered in this many seconds gets 504 (its messages not yet scored are dropped).")
+    api_max_queue: int = Field(4096, ge=1, description="Messages queued for the engine, at most; a request that would pass it gets 429 with Retry-After.")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        return _topics(value)
+
+    @model_validator(mode="after")
+    def _keys_env(self) -> ApiSettings:
+        import os
+
+        if not self.api_key and os.environ.get("SPINF_API_KEYS"):
+            self.api_key = [SecretStr(k) for k in _topics(os.environ["SPINF_API_KEYS"])]
+        return self
+
+    def listen_host(self) -> str:
+        """The address to bind: ``--api-host``, else all interfaces with a key, loopback without."""
+        if self.api_host is not None:
+            return self.api_host
+        return "0.0.0.0" if self.api_key else "127.0.0.1"
+
+
+class ScoringSettings(ApiSettings):
     """What the scorer reads, how it batches, and where it writes (shared by ``run`` and ``dev``)."""
 
     model_config = _settings_config()
@@ -380,41 +415,6 @@ class DevSettings(ScoringSettings):
         False,
         description="With --input: stop (drain, commit, stop the broker) once every published message has a record.",
     )
-
-
-class ApiSettings(BaseSettings):
-    """The HTTP API's settings (``serve``; README, "Scoring over HTTP")."""
-
-    api_host: str | None = Field(
-        None, description="Address the HTTP API listens on. Default: 0.0.0.0 with an API key, 127.0.0.1 (loopback only) without one.")
-    api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API (0: any free port).")
-    api_key: Annotated[list[SecretStr], NoDecode] = Field(
-        default_factory=list, description="API keys (comma-separated; also SPINF_API_KEYS): requests need Authorization: Bearer <key>. "
-        "None: no key asked, and the API listens on loopback unless --api-host is given.")
-    api_window_ms: float = Field(5.0, ge=0, description="Latency window (ms) of API requests: how long a request waits for others to share its pass.")
-    api_max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body (bytes); a larger one gets 413.")
-    api_max_messages: int = Field(1024, ge=1, description="Messages per request, at most (400 above).")
-    api_timeout_s: float = Field(60.0, gt=0, description="A request not answered in this many seconds gets 504 (its messages not yet scored are dropped).")
-    api_max_queue: int = Field(4096, ge=1, description="Messages queued for the engine, at most; a request that would pass it gets 429 with Retry-After.")
-
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _keys(cls, value: Any) -> Any:
-        return _topics(value)
-
-    @model_validator(mode="after")
-    def _keys_env(self) -> ApiSettings:
-        import os
-
-        if not self.api_key and os.environ.get("SPINF_API_KEYS"):
-            self.api_key = [SecretStr(k) for k in _topics(os.environ["SPINF_API_KEYS"])]
-        return self
-
-    def listen_host(self) -> str:
-        """The address to bind: ``--api-host``, else all interfaces with a key, loopback without."""
-        if self.api_host is not None:
-            return self.api_host
-        return "0.0.0.0" if self.api_key else "127.0.0.1"
 
 
 class ServeSettings(ApiSettings):

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from broker import CLI, REPO, FakeScorer, fake_record, tiny_model  # noqa: F401  (fixtures)
-from spinf_stream.api.app import create_app
+from spinf_stream.api.app import create_app, models_of
 from spinf_stream.api.scoring import ApiScoring, Lane
 from spinf_stream.api.serve import ApiServer, bind
 from spinf_stream.stream.broker import free_port
@@ -55,7 +55,7 @@ def serving(scorers: dict[str, FakeScorer] | None = None, *, max_queued: int = 4
     box: dict[str, Any] = {}
     with EngineThread() as engine:
         scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued)
-        app = create_app(scoring, model_name="fake-model", model_loaded=lambda: True, **app_kwargs)
+        app = create_app(scoring, models=models_of(scoring), **app_kwargs)
         sock = bind("127.0.0.1", 0)
 
         async def main() -> None:
@@ -138,7 +138,7 @@ def test_the_calibration_picks_the_lane_and_the_pack_may_name_its_version():
     ({"pack": "spam", "messages": []}, 400, "messages"),
     ({"pack": "spam", "messages": "hello"}, 400, "messages"),
     ({"pack": "spam", "messages": [1, 2]}, 400, "messages.0"),
-    ({"pack": "spam", "messages": [{"text": "x"}], "calibration": "recall95"}, 400, "calibration"),
+    ({"pack": "spam", "messages": [{"text": "x"}], "calibration": "recall95"}, 404, "calibration"),
     ({"messages": [{"text": "x"}]}, 400, "pack"),
     ({"pack": "spam", "messages": [{"text": "x"}], "extra": 1}, 400, "extra"),
     ({"pack": "spam", "messages": [{"text": "x"}] * 11}, 400, "messages"),

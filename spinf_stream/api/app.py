@@ -95,12 +95,27 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def models_of(scoring: ApiScoring) -> Callable[[], list[ModelEntry]]:
+    """The models of ``scoring``'s lanes, each loaded or not now (a lane without a ``loaded``
+    attribute holds its model for good)."""
+
+    def models() -> list[ModelEntry]:
+        out: dict[str, ModelEntry] = {}
+        for lane in scoring.lanes.values():
+            info = lane.scorer.model_info
+            out.setdefault(lane.model, ModelEntry(id=lane.model, loaded=bool(getattr(lane.scorer, "loaded", True)),
+                                                  sha256=getattr(info, "sha256", None)))
+        return list(out.values())
+
+    return models
+
+
 def create_app(
     scoring: ApiScoring, *, api_keys: Sequence[str] = (), max_body_bytes: int = 8 << 20, max_messages: int = 1024,
-    timeout_s: float = 60.0, model_name: str, model_loaded: Callable[[], bool], model_sha256: str | None = None,
-    retry_after_s: int = 1,
+    timeout_s: float = 60.0, models: Callable[[], list[ModelEntry]] = list, retry_after_s: int = 1,
 ) -> FastAPI:
-    """The API over ``scoring`` (one model, ``model_name``); ``api_keys`` empty: no key asked."""
+    """The API over ``scoring``; ``models()``: the models served and their load state now;
+    ``api_keys`` empty: no key asked."""
     app = FastAPI(title="spinf-stream", version="1", summary="Score messages against prompt packs with a decision model.")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
@@ -137,14 +152,12 @@ def create_app(
         return error_response(500, f"internal error ({type(exc).__name__})")
 
     @app.post("/v1/score", response_model=ScoreResponse, responses=ERRORS, dependencies=[Depends(require_key)])
-    async def score(body: ScoreRequest) -> ScoreResponse:
+    async def score_messages(body: ScoreRequest) -> ScoreResponse:
         """Score each message against a pack: one record per message, in order."""
         if len(body.messages) > max_messages:
             raise ApiError(400, f"{len(body.messages)} messages; at most {max_messages} per request", "messages")
-        if body.model is not None and body.model != model_name:
-            raise ApiError(404, f"model {body.model!r} is not served here; served: {model_name}", "model")
         try:
-            lane = scoring.lane_for(body.pack, body.calibration)
+            lane = scoring.lane_for(body.pack, body.calibration, body.model)
         except UnknownLane as e:
             raise ApiError(404, str(e), e.param) from None
         try:
@@ -158,7 +171,7 @@ def create_app(
                                                                  computed_tokens=scored.computed_tokens))
 
     @app.get("/v1/packs", response_model=PacksResponse, responses=ERRORS, dependencies=[Depends(require_key)])
-    async def packs() -> PacksResponse:
+    async def list_packs() -> PacksResponse:
         """The packs served: versions, questions, choices, default calibration."""
         seen: dict[str, PackEntry] = {}
         for lane in scoring.lanes.values():
@@ -174,9 +187,9 @@ def create_app(
         return PacksResponse(data=list(seen.values()))
 
     @app.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, dependencies=[Depends(require_key)])
-    async def models() -> ModelsResponse:
+    async def list_models() -> ModelsResponse:
         """The models served and whether each is loaded now."""
-        return ModelsResponse(data=[ModelEntry(id=model_name, loaded=model_loaded(), sha256=model_sha256)])
+        return ModelsResponse(data=models())
 
     return app
 
@@ -185,4 +198,4 @@ def openapi_document() -> dict[str, Any]:
     """The API's OpenAPI document (``/openapi.json``; checked in as ``schemas/openapi.json``)."""
     from typing import cast
 
-    return create_app(cast(ApiScoring, None), model_name="", model_loaded=lambda: False).openapi()
+    return create_app(cast(ApiScoring, None)).openapi()

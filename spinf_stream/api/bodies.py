@@ -13,12 +13,13 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     pack: str = Field(description="A pack this server serves (GET /v1/packs), by name or name@version.", min_length=1)
-    model: str | None = Field(None, description="The model to read with; default (and only choice today): the served one.")
+    model: str | None = Field(None, description="The model to read with (GET /v1/models); default: the first that serves the pack.")
     messages: list[dict[str, Any]] = Field(
         min_length=1, description="JSON objects with the pack's fields and an optional id (a string or an integer; "
         "default: the message's index in the list), as on the input topic.")
-    calibration: Literal["auto", "none"] | None = Field(
-        None, description="auto: the pack's shipped calibration for the model; none: raw probabilities. Default: the server's.")
+    calibration: str | None = Field(
+        None, max_length=200, description="A calibration the server serves for the pack (serve: its --calibration, auto and none; "
+        "run: the route's): auto is the pack's shipped one for the model, none raw probabilities. Default: the first served.")
 
 
 class Usage(BaseModel):

@@ -44,8 +44,12 @@ class Lane:
     key: str
     pack: str
     version: str
-    calibration: Literal["auto", "none"]
+    calibration: str
     scorer: Scorer
+
+    @property
+    def model(self) -> str:
+        return str(self.scorer.model_info.name)
 
 
 @dataclass
@@ -109,14 +113,21 @@ class ApiScoring:
 
     # -- lanes --------------------------------------------------------------------------------
 
-    def lane_for(self, pack: str, calibration: str | None) -> Lane:
-        """The lane of ``pack`` (``name`` or ``name@version``) with ``calibration`` (``None``:
-        the server's default). Raises :class:`UnknownLane`."""
+    def lane_for(self, pack: str, calibration: str | None, model: str | None = None) -> Lane:
+        """The lane of ``pack`` (``name`` or ``name@version``) on ``model`` (``None``: the
+        first that serves the pack) with ``calibration`` (``None``: the first of those).
+        Raises :class:`UnknownLane`."""
         name, _, version = pack.partition("@")
         found = [lane for lane in self.lanes.values() if lane.pack == name and (not version or lane.version == version)]
         if not found:
             served = ", ".join(sorted({f"{lane.pack}@{lane.version}" for lane in self.lanes.values()}))
             raise UnknownLane("pack", f"pack {pack!r} is not served here; served: {served}")
+        if model is not None:
+            on = [lane for lane in found if lane.model == model]
+            if not on:
+                served = ", ".join(sorted({lane.model for lane in found}))
+                raise UnknownLane("model", f"model {model!r} does not serve pack {pack!r} here; served: {served}")
+            found = on
         if calibration is None:
             return found[0]
         for lane in found:

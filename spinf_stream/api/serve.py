@@ -58,6 +58,15 @@ class ApiServer:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
+def app_for(scoring: Any, settings: ApiSettings) -> Any:
+    """The FastAPI app over ``scoring`` with ``settings``' keys and limits."""
+    from spinf_stream.api.app import create_app, models_of
+
+    return create_app(scoring, api_keys=[k.get_secret_value() for k in settings.api_key],
+                      max_body_bytes=settings.api_max_body_bytes, max_messages=settings.api_max_messages,
+                      timeout_s=settings.api_timeout_s, models=models_of(scoring))
+
+
 def warn_if_open(settings: ApiSettings) -> None:
     if not settings.api_key:
         if settings.api_host is None:
@@ -80,13 +89,14 @@ def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | 
     configure_logging(settings.log_level, settings.log_format)
     pack = check_pack(settings.pack, "json")
     check_calibration(settings.calibration, pack)
+    if settings.api_port == 0:
+        raise UsageError("--api-port 0 (SPINF_API_PORT) turns the API off; serve is only the API: give it a port")
     try:  # before torch is imported (the model check imports it): a busy port is said at once
         sock = bind(settings.listen_host(), settings.api_port)
     except OSError as e:
         raise UsageError(f"--api-port {settings.api_port} (SPINF_API_PORT): cannot listen on "
                          f"{settings.listen_host()}:{settings.api_port}: {e.strerror or e}") from None
     check_model_reference(settings.model)
-    from spinf_stream.api.app import create_app
     from spinf_stream.api.scoring import ApiScoring, Lane
     from spinf_stream.device import choose
     from spinf_stream.engine.pool import EnginePool
@@ -111,10 +121,7 @@ def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | 
         scoring = ApiScoring(lanes, engine, token_budget=settings.token_budget, max_batch_messages=settings.max_batch_messages,
                              window_s=settings.api_window_ms / 1000, max_queued=settings.api_max_queue,
                              too_long=settings.too_long, max_prepare_s=settings.max_prepare_s)
-        app = create_app(scoring, api_keys=[k.get_secret_value() for k in settings.api_key],
-                         max_body_bytes=settings.api_max_body_bytes, max_messages=settings.api_max_messages,
-                         timeout_s=settings.api_timeout_s, model_name=model,
-                         model_loaded=lambda: lanes[0].scorer.loaded, model_sha256=lanes[0].scorer.model_info.sha256)
+        app = app_for(scoring, settings)
         warn_if_open(settings)
 
         async def main() -> None:
