@@ -96,8 +96,9 @@ def run_settings(t: Topics, **overrides: Any) -> RunSettings:
         "heartbeat_interval_ms": 300,
         "max_poll_interval_ms": 20000,
         "shutdown_timeout_s": 60,
-        # no HTTP endpoint unless a test asks for one: tests and scorer processes run side by side
+        # no HTTP endpoint or API unless a test asks for one: tests and scorer processes run side by side
         "metrics_port": 0,
+        "api_port": 0,
         # the in-process engines the records are compared with run on the CPU in float32
         "device": "cpu",
         "dtype": "float32",

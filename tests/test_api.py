@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from broker import CLI, REPO, FakeScorer, fake_record, tiny_model  # noqa: F401  (fixtures)
+from broker import CLI, REPO, FakeScorer, fake_record, tansu, tiny_model, topics  # noqa: F401  (fixtures)
 from spinf_stream.api.app import create_app, models_of
 from spinf_stream.api.scoring import ApiScoring, Lane
 from spinf_stream.api.serve import ApiServer, bind
@@ -308,3 +308,45 @@ def test_the_readme_curl_example_runs_against_serve(served_model):
     assert out.returncode == 0, out.stderr
     records = orjson.loads(out.stdout)["records"]
     assert [r["id"] for r in records] == ["m1", "m2"] and all(r["digest"].startswith("sha256:") for r in records)
+
+
+# -- the API beside the stream: spinf-stream run ---------------------------------------------------
+
+
+def test_run_serves_the_api_and_its_records_equal_the_topic_s(topics, tiny_model, tmp_path):
+    """``run --api-port P``: the same messages produced to the input topic and posted to
+    /v1/score get records with equal scores and digests; the stream keeps scoring meanwhile."""
+    from broker import json_line, produce, read_all, real_messages, run_settings, start_scorer_process
+
+    t = topics(1)
+    msgs = [{"id": m["id"], "text": m["text"]} for m in real_messages("sms_spam", 16)]
+    port = free_port()
+    settings = run_settings(t, model=str(tiny_model), pack="spam", token_budget=512, api_port=port)
+    log = tmp_path / "run.log"
+    proc = start_scorer_process(settings, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        produce(t, [json_line(m) for m in msgs[:8]])
+        r = httpx.post(f"{url}/v1/score", json={"pack": "spam", "messages": msgs}, timeout=60)
+        produce(t, [json_line(m) for m in msgs[8:]])
+        assert r.status_code == 200, r.text
+        api = {rec["id"]: rec for rec in r.json()["records"]}
+        topic = {orjson.loads(x.value)["id"]: orjson.loads(x.value) for x in read_all(t, [t.output], n=16)}
+        assert set(api) == set(topic) == {m["id"] for m in msgs}
+        for mid, rec in api.items():
+            assert {k: v for k, v in topic[mid].items() if k != "source"} == rec, mid
+        models = httpx.get(f"{url}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [api[msgs[0]["id"]]["model"]["name"]] and models[0]["loaded"]
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    assert "HTTP API on http://127.0.0.1:" in log.read_text()

@@ -147,7 +147,7 @@ def test_dev_writes_status_lines(tmp_path: Path, caplog, restore_logging):
     src.write_bytes(b"".join(json_line({"id": f"m{i}", "text": f"t{i}"}) + b"\n" for i in range(6)))
     settings = DevSettings.model_validate({
         "port": 0, "input": str(src), "until_done": True, "print": "none", "metrics_port": 0,
-        "status_interval_s": 0.2, "lag_interval_s": 0.1, "max_batch_messages": 1,
+        "status_interval_s": 0.2, "lag_interval_s": 0.1, "max_batch_messages": 1, "api_port": 0,
     })
     with caplog.at_level(logging.INFO, logger="spinf_stream"):
         code = run_dev(settings, scorer=FakeScorer(delay_s=0.3))

@@ -42,7 +42,8 @@ questions:
 
 def spinf(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> tuple[subprocess.CompletedProcess[bytes], float]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k in ("SPINF_CACHE_DIR",)}
-    clean.update({"FAKE_ENGINE": "trap", "PYTHONPATH": str(REPO)}, **(env or {}))
+    # no API unless a case asks: cases that get past the checks must not race for port 8000
+    clean.update({"FAKE_ENGINE": "trap", "PYTHONPATH": str(REPO), "SPINF_API_PORT": "0"}, **(env or {}))
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(FAKES), *args], cwd=cwd, env=clean, capture_output=True, timeout=120)
     return proc, time.monotonic() - start
@@ -148,10 +149,11 @@ CASES = [
     ("produce to an unreachable broker", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["in"]], {}, ["cannot reach the Kafka broker"], True),
     ("produce a .jsonl line that is not JSON", lambda f: ["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t", "--input", f["bad_jsonl"]], {}, ["non-blank line 2 is not JSON", "nothing was published", "--no-validate-json"], True),
     ("produce a missing file", lambda f: ["produce", "--topic", "t", "--input", f["dir"] + "/nope.jsonl"], {}, ["--input", "no such file"], True),
-    ("serve with an unknown pack", lambda f: ["serve", "--pack", "spma", "--api-port", "0"], {}, ["no such pack", "spam"], True),
+    ("serve with an unknown pack", lambda f: ["serve", "--pack", "spma"], {}, ["no such pack", "spam"], True),
+    ("serve with the API off", lambda f: ["serve"], {}, ["--api-port 0", "turns the API off", "give it a port"], True),
     ("serve on a port out of range", lambda f: ["serve", "--api-port", "70000"], {}, ["--api-port 70000", "≤ 65535", "SPINF_API_PORT"], True),
     ("serve on a busy port", lambda f: ["serve", "--api-port", str(BUSY.getsockname()[1])], {}, ["--api-port", "cannot listen", "in use"], True),
-    ("serve with an unknown model", lambda f: ["serve", "--api-port", "0", "--model", "no-such-model"], {}, ["no-such-model", "qwen2.5-coder-0.5b"], False),
+    ("serve with an unknown model", lambda f: ["serve", "--api-port", str(free_port()), "--model", "no-such-model"], {}, ["no-such-model", "qwen2.5-coder-0.5b"], False),
     ("consume from an unreachable broker", lambda f: ["consume", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--topic", "t"], {}, ["cannot reach the Kafka broker"], True),
 ]
 

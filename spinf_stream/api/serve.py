@@ -145,3 +145,49 @@ def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | 
 
         asyncio.run(main())
     return 0
+
+
+def bind_api(settings: ApiSettings, *, required: bool) -> socket.socket | None:
+    """The API's listening socket for ``run``/``dev`` (``None`` with ``--api-port 0``). A port that
+    cannot be bound is a :class:`UsageError` when ``required`` (``run``), else a warning and no
+    API (``dev``)."""
+    from spinf_stream.errors import UsageError
+
+    if settings.api_port == 0:
+        return None
+    try:
+        return bind(settings.listen_host(), settings.api_port)
+    except OSError as e:
+        msg = (f"--api-port {settings.api_port} (SPINF_API_PORT): cannot listen on "
+               f"{settings.listen_host()}:{settings.api_port}: {e.strerror or e}")
+        if required:
+            raise UsageError(msg + " (--api-port 0 turns the API off)") from None
+        log.warning("%s; no HTTP API", msg)
+        return None
+
+
+class ApiBeside:
+    """The HTTP API in the stream's process: its requests are batched onto the stream's engine
+    thread, beside the stream's batches, by lanes of the same scorers (so a request's record
+    equals the topic's). Started and stopped by the stream's event loop."""
+
+    def __init__(self, settings: ApiSettings, lanes: list[Any], engine_thread: Any, sock: socket.socket,
+                 token_budget: int, max_batch_messages: int, too_long: Any, max_prepare_s: float | None) -> None:
+        from spinf_stream.api.scoring import ApiScoring
+
+        self.settings = settings
+        self.scoring = ApiScoring(lanes, engine_thread, token_budget=token_budget, max_batch_messages=max_batch_messages,
+                                  window_s=settings.api_window_ms / 1000, max_queued=settings.api_max_queue,
+                                  too_long=too_long, max_prepare_s=max_prepare_s)
+        self.server = ApiServer(app_for(self.scoring, settings), sock)
+
+    async def start(self) -> None:
+        self.scoring.start()
+        await self.server.start()
+        warn_if_open(self.settings)
+        log.info("HTTP API on http://%s:%d (POST /v1/score, GET /v1/packs, /v1/models)",
+                 self.settings.listen_host(), self.server.port)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.scoring.stop()

@@ -185,8 +185,30 @@ def _exit_now(code: int) -> None:
         os._exit(code)
 
 
-async def serve(service: ScoringService) -> int:
-    """Run ``service`` with SIGTERM/SIGINT handlers: the first drains and stops it (exit 0; 1 if
+def api_beside(settings: ScoringSettings, service: ScoringService, checked: CheckedRoutes | None, engine_thread: Any,
+               sock: Any) -> Any:
+    """The HTTP API beside ``service`` on ``sock`` (``None`` without a socket: no API)."""
+    if sock is None:
+        return None
+    from spinf_stream.api.serve import ApiBeside
+
+    return ApiBeside(settings, api_lanes(settings, service, checked), engine_thread, sock, settings.token_budget,
+                     settings.max_batch_messages, settings.too_long, settings.max_prepare_s)
+
+
+def api_lanes(settings: ScoringSettings, service: ScoringService, checked: CheckedRoutes | None) -> list[Any]:
+    """The API's lanes over the service's scorers: each lane's pack, version and calibration
+    (the routes file's, or ``--calibration``)."""
+    from spinf_stream.api.scoring import Lane
+
+    calibrations = ({k: p.calibration for k, p in checked.file.lanes().items()} if checked is not None
+                    else dict.fromkeys(service.lanes, settings.calibration))
+    return [Lane(k, str(s.pack.name), str(s.pack.version), calibrations[k], s) for k, s in service.lanes.items()]
+
+
+async def serve(service: ScoringService, api: Any = None) -> int:
+    """Run ``service`` (and ``api``, an :class:`~spinf_stream.api.serve.ApiBeside`, beside it)
+    with SIGTERM/SIGINT handlers: the first drains and stops it (exit 0; 1 if
     the drain outlasted ``--shutdown-timeout-s``), a second stops at once: what was written is
     flushed and what was acknowledged committed (a few seconds at most), offsets of unwritten
     records stay uncommitted, exit 130 (:func:`run_scorer` ends the process without waiting for
@@ -220,6 +242,8 @@ async def serve(service: ScoringService) -> int:
         except (NotImplementedError, RuntimeError):  # not the main thread / platform without it
             pass
     try:
+        if api is not None:
+            await api.start()
         await service.run()
         return EXIT_OK if service.drained else EXIT_FAILED
     except asyncio.CancelledError:
@@ -230,6 +254,8 @@ async def serve(service: ScoringService) -> int:
         log.error("scorer stopped on an error: %s: %s", type(exc).__name__, exc)
         return EXIT_FAILED
     finally:
+        if api is not None:
+            await api.stop()
         for sig in installed:
             loop.remove_signal_handler(sig)
 
@@ -289,6 +315,9 @@ def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.S
         check_scoring(settings, model=False)
         run_check(check_run_topics(settings))
         check_scoring(settings)
+    from spinf_stream.api.serve import bind_api
+
+    sock = bind_api(settings, required=True)  # before the weights: a busy port is said at once
     try:
         with operations(settings) as telemetry, EngineThread() as engine_thread:
             if checked is not None:  # the engine pool, each route's first model loaded
@@ -299,7 +328,7 @@ def _run_scorer(settings: RunSettings, scorer: Any | None, caught: list[signal.S
                 service = ScoringService(settings, scorer, telemetry=telemetry, engine_thread=engine_thread)
             if caught:  # nothing consumed; ended like a forced stop (the engine's native threads)
                 _exit_now(EXIT_OK)
-            code = asyncio.run(serve(service))
+            code = asyncio.run(serve(service, api_beside(settings, service, checked, engine_thread, sock)))
             if code == EXIT_INTERRUPTED:
                 _exit_now(code)
             return code

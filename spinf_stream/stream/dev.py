@@ -21,6 +21,7 @@ from spinf_stream.errors import UsageError
 from spinf_stream.stream.app import (
     EXIT_CONFIG,
     EXIT_OK,
+    api_beside,
     CheckedRoutes,
     OperationsError,
     check_routes_file,
@@ -134,7 +135,7 @@ class _Shown:
 
 async def run_dev_async(
     settings: DevSettings, broker: EmbeddedBroker, scorer: Any, telemetry: StreamTelemetry | None = None,
-    engine_thread: EngineThread | None = None, checked: CheckedRoutes | None = None,
+    engine_thread: EngineThread | None = None, checked: CheckedRoutes | None = None, api_sock: Any = None,
 ) -> int:
     """Create the topics, run the scorer (``scorer``, or with ``--routes`` the ``checked`` routes'
     engine pool, made on ``engine_thread``), publish ``--input`` and show the records."""
@@ -150,7 +151,8 @@ async def run_dev_async(
         service = routed_service(run_settings, checked, telemetry, engine_thread)
         packs = list({str(p.name): p for p in checked.packs.values()}.values())
     await ensure_topics(kafka, list(dict.fromkeys([*inputs, *outputs])), partitions=settings.partitions)
-    scorer_task = asyncio.create_task(serve(service))
+    api = api_beside(settings, service, checked, engine_thread, api_sock) if engine_thread is not None else None
+    scorer_task = asyncio.create_task(serve(service, api))
 
     expected: set[tuple[str, int, int]] | None = None
     seen: set[tuple[str, int, int]] = set()  # input records that got every record they owe
@@ -234,13 +236,16 @@ def run_dev(settings: DevSettings, scorer: Any | None = None) -> int:
         choose(settings.device, settings.dtype)
     elif scorer is None:
         check_scoring(settings)
+    from spinf_stream.api.serve import bind_api
+
+    api_sock = bind_api(settings, required=False)  # a busy port: a warning, no API
     broker = EmbeddedBroker(settings.port).start()
     try:
         print(f"embedded Kafka broker (Tansu) on {broker.bootstrap_servers}", file=sys.stderr, flush=True)
         with operations(settings, endpoint_required=False) as telemetry, EngineThread() as engine_thread:
             if checked is None and scorer is None:  # loaded on the thread that runs the passes: one OpenMP team
                 scorer = engine_thread.call(load_engine_timed, settings, telemetry)
-            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry, engine_thread, checked))
+            code = asyncio.run(run_dev_async(settings, broker, scorer, telemetry, engine_thread, checked, api_sock))
             return EXIT_OK if code is None else code
     except OperationsError as exc:
         log.error("%s", exc)
