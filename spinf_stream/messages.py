@@ -135,12 +135,21 @@ def decode(
         return Rejection("invalid_json", f"not JSON ({e.msg} at char {e.pos})")
     if not isinstance(obj, dict):
         return Rejection("not_an_object", f"a JSON {json_type_name(obj)}, not an object")
+    message_id = read_id(obj)
+    if isinstance(message_id, Rejection):
+        return message_id
+    return Decoded(obj, message_id)
+
+
+def read_id(obj: Mapping[str, Any]) -> str | None | Rejection:
+    """A decoded object's ``id`` (a string or an integer, as a string), ``None`` when it has none,
+    or why it cannot be one (``wrong_type``, ``empty_field``)."""
     raw_id = obj.get("id")
     if raw_id is None:
-        return Decoded(obj, None)
+        return None
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
         return Rejection("wrong_type", f"field 'id' must be a string or an integer, got a JSON {json_type_name(raw_id)}")
     message_id = str(raw_id)
     if not message_id.strip():
         return Rejection("empty_field", "field 'id' is empty")
-    return Decoded(obj, message_id)
+    return message_id

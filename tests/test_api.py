@@ -242,6 +242,20 @@ def test_the_checked_in_openapi_document_is_the_one_served():
 # -- spinf-stream serve on a tiny model ----------------------------------------------------------
 
 
+def wait_for_api(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> str:
+    """The API's base URL once ``proc`` answers ``GET /v1/models`` on ``port`` (its log on failure)."""
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                return url
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def served_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
@@ -252,16 +266,7 @@ def served_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         proc = subprocess.Popen([*CLI, "serve", "--model", str(tiny_model), "--pack", "spam", "--token-budget", "512",
                                  "--api-port", str(port), "--device", "cpu", "--dtype", "float32"],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
+    url = wait_for_api(port, proc, log)
     yield url
     proc.terminate()
     assert proc.wait(30) == 0, log.read_text()[-3000:]
@@ -325,16 +330,7 @@ def test_run_serves_the_api_and_its_records_equal_the_topic_s(topics, tiny_model
     log = tmp_path / "run.log"
     proc = start_scorer_process(settings, log)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        url = wait_for_api(port, proc, log)
         produce(t, [json_line(m) for m in msgs[:8]])
         r = httpx.post(f"{url}/v1/score", json={"pack": "spam", "messages": msgs}, timeout=60)
         produce(t, [json_line(m) for m in msgs[8:]])

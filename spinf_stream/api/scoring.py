@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ScoreRecord
-from spinf_stream.messages import json_type_name
+from spinf_stream.messages import Rejection, read_id
 from spinf_stream.stream.engine_thread import EngineThread
 from spinf_stream.stream.scheduler import Scheduler
 from spinf_stream.stream.scorer import Scorer, engine_message_factory, is_error, prepare_messages, run_isolating
@@ -68,16 +68,12 @@ class Scored:
 
 
 def message_id(index: int, fields: Mapping[str, Any]) -> str | ErrorRecord:
-    """A message's id: its ``id`` field (a string or an integer) or its index in the request."""
-    raw = fields.get("id")
-    if raw is None:
-        return str(index)
-    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        return ErrorRecord(id=str(index), error=ErrorInfo(
-            kind="wrong_type", message=f"field 'id' must be a string or an integer, got a JSON {json_type_name(raw)}"))
-    if not str(raw).strip():
-        return ErrorRecord(id=str(index), error=ErrorInfo(kind="empty_field", message="field 'id' is empty"))
-    return str(raw)
+    """A message's id: its ``id`` field (as on the input topic, :func:`~spinf_stream.messages.read_id`)
+    or its index in the request; an error record when the field cannot be an id."""
+    found = read_id(fields)
+    if isinstance(found, Rejection):
+        return ErrorRecord(id=str(index), error=ErrorInfo(kind=found.kind, message=found.message))
+    return str(index) if found is None else found
 
 
 class ApiScoring:
@@ -228,5 +224,5 @@ def _plain(rec: ScoreRecord | ErrorRecord, truncated: Any) -> dict[str, Any]:
         return rec.model_dump(mode="json", exclude_none=True)
     plain = rec.model_dump(mode="json")
     if truncated is not None:
-        plain["truncated"] = truncated.model_dump(mode="json") if hasattr(truncated, "model_dump") else truncated
+        plain["truncated"] = truncated.model_dump(mode="json")
     return plain

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from spinf_stream.config import ApiSettings, ServeSettings
@@ -75,8 +74,8 @@ def warn_if_open(settings: ApiSettings) -> None:
             log.warning("no API key (--api-key, SPINF_API_KEYS): anyone who reaches %s may use the API", settings.api_host)
 
 
-def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | None] | None = None) -> int:
-    """``spinf-stream serve``; returns the exit code. ``ready(port)`` is called once it listens.
+def run_serve(settings: ServeSettings) -> int:
+    """``spinf-stream serve``; returns the exit code.
 
     Raises:
         UsageError (a port that cannot be bound), PackError, CalibrationError (and the model's
@@ -97,7 +96,7 @@ def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | 
         raise UsageError(f"--api-port {settings.api_port} (SPINF_API_PORT): cannot listen on "
                          f"{settings.listen_host()}:{settings.api_port}: {e.strerror or e}") from None
     check_model_reference(settings.model)
-    from spinf_stream.api.scoring import ApiScoring, Lane
+    from spinf_stream.api.scoring import Lane
     from spinf_stream.device import choose
     from spinf_stream.engine.pool import EnginePool
     from spinf_stream.stream.app import prepare_engine_thread
@@ -118,30 +117,19 @@ def run_serve(settings: ServeSettings, ready: Callable[[int], Awaitable[None] | 
         model = lanes[0].scorer.model_name
         log.info("loading model %s on %s (%s)", model, placement.device, placement.dtype)
         engine.call(pool.ensure, model)
-        scoring = ApiScoring(lanes, engine, token_budget=settings.token_budget, max_batch_messages=settings.max_batch_messages,
-                             window_s=settings.api_window_ms / 1000, max_queued=settings.api_max_queue,
-                             too_long=settings.too_long, max_prepare_s=settings.max_prepare_s)
-        app = app_for(scoring, settings)
-        warn_if_open(settings)
+        api = ApiBeside(settings, lanes, engine, sock, settings.token_budget, settings.max_batch_messages,
+                        settings.too_long, settings.max_prepare_s)
+        log.info("serving %s@%s with %s (and /openapi.json)", pack.name, pack.version, model)
 
         async def main() -> None:
-            server = ApiServer(app, sock)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-            scoring.start()
-            await server.start()
-            log.info("serving %s@%s with %s on http://%s:%d (POST /v1/score, GET /v1/packs, /v1/models, /openapi.json)",
-                     pack.name, pack.version, model, settings.listen_host(), server.port)
-            if ready is not None:
-                r = ready(server.port)
-                if asyncio.iscoroutine(r):
-                    await r
+            await api.start()
             await stop.wait()
             log.info("stop requested: finishing the requests in flight")
-            await server.stop()
-            await scoring.stop()
+            await api.stop()
 
         asyncio.run(main())
     return 0
@@ -167,9 +155,10 @@ def bind_api(settings: ApiSettings, *, required: bool) -> socket.socket | None:
 
 
 class ApiBeside:
-    """The HTTP API in the stream's process: its requests are batched onto the stream's engine
-    thread, beside the stream's batches, by lanes of the same scorers (so a request's record
-    equals the topic's). Started and stopped by the stream's event loop."""
+    """The HTTP API on ``sock``: its requests batched onto ``engine_thread`` by ``lanes``. In
+    ``run``/``dev`` the thread and the scorers are the stream's (a request's record equals the
+    topic's, its batches run between the stream's); ``serve`` has its own. Started and stopped by
+    the caller's event loop."""
 
     def __init__(self, settings: ApiSettings, lanes: list[Any], engine_thread: Any, sock: socket.socket,
                  token_budget: int, max_batch_messages: int, too_long: Any, max_prepare_s: float | None) -> None:
