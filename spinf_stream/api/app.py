@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+from pydantic import Discriminator, Tag
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,9 +28,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spinf_stream.api.bodies import (
-    ErrorResponse, ModelEntry, ModelsResponse, PackEntry, PacksResponse, ScoreRequest, ScoreResponse, Usage,
+    CompletionRequest, CompletionResponse, ErrorResponse, GenerativeScoreRequest, GenerativeScoreResponse, ItemScoreRequest,
+    ItemScoreResponse, ModelEntry, ModelsResponse, PackEntry, PacksResponse, ScoreRequest, ScoreResponse, Usage,
 )
+from spinf_stream.api.completions import complete
+from spinf_stream.api.item_scoring import generative_scores, score_items
+from spinf_stream.api.reads import BadRequest, ModelReads
 from spinf_stream.api.scoring import ApiScoring, QueueFull, UnknownLane
+
+T = TypeVar("T")
+
+
+def _shape(body: Any) -> str:
+    """Which shape a ``/v1/score`` body has: SGLang's (``query``/``items``) or spinf's (``pack``)."""
+    keys = body.keys() if isinstance(body, dict) else vars(body) if hasattr(body, "__dict__") else ()
+    return "sglang" if "query" in keys or "items" in keys else "spinf"
+
+
+#: the tags of ``/v1/score``'s two shapes (left out of the names of fields in errors)
+SHAPES = ("spinf", "sglang")
+
+AnyScoreRequest = Annotated[
+    Annotated[ScoreRequest, Tag("spinf")] | Annotated[ItemScoreRequest, Tag("sglang")], Discriminator(_shape)]
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +134,14 @@ def models_of(scoring: ApiScoring) -> Callable[[], list[ModelEntry]]:
 def create_app(
     scoring: ApiScoring, *, api_keys: Sequence[str] = (), max_body_bytes: int = 8 << 20, max_messages: int = 1024,
     timeout_s: float = 60.0, models: Callable[[], list[ModelEntry]] = list, retry_after_s: int = 1,
+    reads: ModelReads | None = None, max_logprobs: int = 20,
 ) -> FastAPI:
-    """The API over ``scoring``; ``models()``: the models served and their load state now;
-    ``api_keys`` empty: no key asked."""
+    """The API over ``scoring`` (packs) and ``reads`` (item scoring, completions; ``None``: the
+    lanes' models with ``scoring``'s engine thread); ``models()``: the models served and their
+    load state now; ``api_keys`` empty: no key asked; ``max_logprobs``: completions' top-N bound."""
+    if reads is None and scoring is not None:
+        reads = ModelReads(list(scoring.lanes.values()), scoring.engine_thread, token_budget=scoring.token_budget,
+                           max_queued=scoring.max_queued)
     app = FastAPI(title="spinf-stream", version="1", summary="Score messages against prompt packs with a decision model.")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
@@ -139,7 +165,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in first.get("loc", ())]
+        loc = loc[2:] if loc[:1] == ["body"] and loc[1:2] and loc[1] in SHAPES else [x for x in loc if x != "body"]
         return error_response(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}", ".".join(loc) or None)
 
     @app.exception_handler(StarletteHTTPException)
@@ -151,24 +178,58 @@ def create_app(
         log.error("API request failed: %s", type(exc).__name__, exc_info=exc)
         return error_response(500, f"internal error ({type(exc).__name__})")
 
-    @app.post("/v1/score", response_model=ScoreResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def guarded(work: Awaitable[T]) -> T:
+        """``work`` with the request's timeout, its failures as API errors."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await work
+        except BadRequest as e:
+            raise ApiError(400, str(e), e.param) from None
+        except UnknownLane as e:
+            raise ApiError(404, str(e), e.param) from None
+        except QueueFull as e:
+            raise ApiError(429, str(e), headers={"Retry-After": str(retry_after_s)}) from None
+        except TimeoutError:
+            raise ApiError(504, f"the request took over {timeout_s:g} s; what had not run was dropped") from None
+
+    @app.post("/v1/score", response_model=ScoreResponse | ItemScoreResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def score(body: AnyScoreRequest) -> ScoreResponse | ItemScoreResponse:
+        """Score each message against a pack (spinf's shape: ``pack``, ``messages``; one record
+        per message, in order), or each item after a query (SGLang's shape: ``query``, ``items``,
+        ``label_token_ids``; ``scores[item][label]``)."""
+        if isinstance(body, ItemScoreRequest):
+            assert reads is not None
+            return await guarded(score_items(reads, body))
+        return await score_messages(body)
+
     async def score_messages(body: ScoreRequest) -> ScoreResponse:
-        """Score each message against a pack: one record per message, in order."""
         if len(body.messages) > max_messages:
             raise ApiError(400, f"{len(body.messages)} messages; at most {max_messages} per request", "messages")
         try:
             lane = scoring.lane_for(body.pack, body.calibration, body.model)
         except UnknownLane as e:
             raise ApiError(404, str(e), e.param) from None
-        try:
-            async with asyncio.timeout(timeout_s):
-                scored = await scoring.score(lane, body.messages)
-        except QueueFull as e:
-            raise ApiError(429, str(e), headers={"Retry-After": str(retry_after_s)}) from None
-        except TimeoutError:
-            raise ApiError(504, f"the request took over {timeout_s:g} s; its messages not yet scored were dropped") from None
+        scored = await guarded(scoring.score(lane, body.messages))
         return ScoreResponse(records=scored.records, usage=Usage(prompt_tokens=scored.prompt_tokens,
                                                                  computed_tokens=scored.computed_tokens))
+
+    @app.post("/v1/generative-scores", response_model=GenerativeScoreResponse, responses=ERRORS,
+              dependencies=[Depends(require_key)])
+    async def generative_scoring(body: GenerativeScoreRequest) -> GenerativeScoreResponse:
+        """vLLM's generative scores: each label token's probability after ``query + item``
+        (softmax over the labels by default), per item."""
+        assert reads is not None
+        return await guarded(generative_scores(reads, body))
+
+    app.add_api_route("/generative_scoring", generative_scoring, methods=["POST"], response_model=GenerativeScoreResponse,
+                      responses=ERRORS, dependencies=[Depends(require_key)])
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS, dependencies=[Depends(require_key)])
+    async def completions(body: CompletionRequest) -> CompletionResponse:
+        """OpenAI's completions, greedy: ``echo`` with ``logprobs`` gives every prompt token's
+        log-probability; ``max_tokens`` 0 or 1."""
+        assert reads is not None
+        return await guarded(complete(reads, body, max_logprobs))
 
     @app.get("/v1/packs", response_model=PacksResponse, responses=ERRORS, dependencies=[Depends(require_key)])
     async def list_packs() -> PacksResponse:

@@ -86,3 +86,130 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# -- item scoring (SGLang's /v1/score, vLLM's /v1/generative-scores) ---------------------------
+
+TokenIds = list[int]
+
+
+class ItemScoreRequest(BaseModel):
+    """``POST /v1/score`` in SGLang's shape: the probability of each ``label_token_ids`` token
+    right after ``query + item`` (``item + query`` with ``item_first``), for each item. Text is
+    tokenized whole, with the tokenizer's special tokens; token ids are joined as given."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str | TokenIds = Field(description="Text, or token ids.")
+    items: str | list[str] | list[TokenIds] = Field(description="Text(s), or lists of token ids (as the query).")
+    label_token_ids: list[int] = Field(min_length=1, description="Token ids whose next-token probabilities are read.")
+    apply_softmax: bool = Field(False, description="Normalise over the labels (softmax of their logits); "
+                                "false: full-vocabulary probabilities.")
+    item_first: bool = Field(False, description="Put each item before the query.")
+    model: str | None = Field(None, description="A served model (GET /v1/models); default: the first.")
+
+
+class ScoringUsage(BaseModel):
+    """Tokens read: every prompt's tokens (``query + item``), none generated."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+
+
+class ItemScoreResponse(BaseModel):
+    """SGLang's response: ``scores[item][label]``, in request order."""
+
+    scores: list[list[float]]
+    model: str
+    usage: ScoringUsage
+    object: Literal["scoring"] = "scoring"
+
+
+class GenerativeScoreRequest(BaseModel):
+    """``POST /v1/generative-scores``, vLLM's shape: as :class:`ItemScoreRequest`, with softmax over
+    the labels on by default and ``add_special_tokens``; sampling fields are accepted at their
+    scoring values only (greedy: temperature 0 or null, top_k 0, top_p 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str | TokenIds
+    items: str | list[str] | list[TokenIds]
+    label_token_ids: list[int] = Field(min_length=1)
+    apply_softmax: bool = True
+    item_first: bool = False
+    add_special_tokens: bool = True
+    model: str | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    priority: int = 0
+    request_id: str | None = None
+
+
+class GenerativeScoreItem(BaseModel):
+    index: int
+    token_probs: dict[str, float] = Field(description="Label token id (as a string) -> probability.")
+
+
+class GenerativeScoreResponse(BaseModel):
+    id: str
+    object: Literal["generative_score"] = "generative_score"
+    created: int
+    model: str
+    results: list[GenerativeScoreItem]
+    usage: ScoringUsage
+
+
+# -- OpenAI's /v1/completions -----------------------------------------------------------------
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``, OpenAI's legacy completions, read greedily: ``echo`` with
+    ``logprobs`` gives every prompt token's log-probability (``max_tokens: 0`` scores only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="A served model (GET /v1/models); default: the first.")
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(description="A prompt or several: text or token ids.")
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, description="Alternatives per position (top-N), with the chosen token's.")
+    max_tokens: int | None = Field(16, ge=0, description="Tokens to write greedily (this server writes at most 1).")
+    temperature: float | None = Field(None, ge=0, description="0 (or unset): greedy; nothing is sampled.")
+    top_p: float | None = None
+    n: int | None = Field(1, ge=1)
+    best_of: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    seed: int | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage

@@ -96,6 +96,7 @@ class ApiScoring:
     ) -> None:
         self.lanes = {lane.key: lane for lane in lanes}
         self.engine_thread = engine_thread
+        self.token_budget = token_budget
         self.max_queued = max_queued
         self.too_long = too_long
         self.max_prepare_s = max_prepare_s

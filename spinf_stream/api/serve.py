@@ -63,7 +63,7 @@ def app_for(scoring: Any, settings: ApiSettings) -> Any:
 
     return create_app(scoring, api_keys=[k.get_secret_value() for k in settings.api_key],
                       max_body_bytes=settings.api_max_body_bytes, max_messages=settings.api_max_messages,
-                      timeout_s=settings.api_timeout_s, models=models_of(scoring))
+                      timeout_s=settings.api_timeout_s, models=models_of(scoring), max_logprobs=settings.api_max_logprobs)
 
 
 def warn_if_open(settings: ApiSettings) -> None:

@@ -394,6 +394,25 @@ class LaneEngine:
             return self._engine.model_info
         return self._info or self._pool._ref_before_load(self._model)
 
+    @property
+    def tokenizer(self) -> Any:
+        """Its model's tokenizer (read without the weights)."""
+        return self._model.tokenizer
+
+    @property
+    def max_positions(self) -> int:
+        """Its model's context (tokens)."""
+        return int(self._model.spec.max_positions)
+
+    def loaded_decoder(self) -> Decoder:
+        """Its model's decoder, loaded if it is not (:meth:`EnginePool.ensure`), for reads without
+        the pack (:mod:`spinf_stream.engine.reads`). Engine thread only. Raises :class:`ModelLoadFailed`."""
+        m = self._model
+        self._pool.ensure(m.name)
+        self._pool._touch(m)
+        assert m.decoder is not None
+        return m.decoder
+
     def prepare(self, messages: Sequence[Message]) -> list[PreparedMessage | ErrorRecord]:
         """As :meth:`Engine.prepare` (same items, same errors); loads no weights, any thread."""
         return prepare_with(self.segmenter, messages)

@@ -214,6 +214,15 @@ class Engine:
             numerics=self.numerics,
         )
 
+    @property
+    def max_positions(self) -> int:
+        """The model's context (tokens)."""
+        return int(self.decoder.spec.max_positions)
+
+    def loaded_decoder(self) -> Decoder:
+        """The decoder, for reads without the pack (:mod:`spinf_stream.engine.reads`). Engine thread only."""
+        return self.decoder
+
     def _prefill_preamble(self) -> LayerKV | None:
         ids = self.segmenter.preamble_ids
         if not ids:

@@ -1,0 +1,146 @@
+"""Reads by a model over HTTP (a real port, httpx and the OpenAI Python SDK): SGLang's
+``/v1/score`` (query, items, label_token_ids), vLLM's ``/v1/generative-scores`` and OpenAI's
+``/v1/completions`` with echo and logprobs, for every family on tiny random-weight models,
+against transformers run on each prompt alone (fp32, eager attention)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from oracle import load_hf
+from test_api import error_of, serving
+
+from spinf_stream.engine import Engine
+from spinf_stream.packs import load_pack
+from tiny import FAMILIES
+
+QUERY = "Is the following message spam? Reply yes or no.\nMessage: "
+ITEMS = ["WINNER!! Claim your prize now, call 0800 123", "see you at lunch tomorrow?", "ok"]
+
+
+def hf_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
+    """``[len(ids), V]`` float64 log-softmax of transformers' logits at every position."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+
+def oracle_scores(model: Any, tok: Any, query: str, items: list[str], labels: list[int], softmax: bool, item_first: bool) -> list[list[float]]:
+    """SGLang's definition: the label tokens' next-token probabilities after the whole prompt."""
+    out = []
+    for item in items:
+        lp = hf_logprobs(model, tok(item + query if item_first else query + item).input_ids)[-1]
+        picked = lp[labels]
+        out.append((torch.softmax(picked, 0) if softmax else picked.exp()).tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def family_api(tiny_models, loaded):
+    """``family -> (base url, tokenizer, transformers model)``: the API on a real engine of each tiny model."""
+    opened: dict[str, Any] = {}
+    stack = []
+
+    def get(family: str):
+        if family not in opened:
+            path = tiny_models(family)
+            decoder, tok = loaded(path)
+            cm = serving({"auto": Engine(decoder, tok, load_pack("spam"), family)})
+            served = cm.__enter__()
+            stack.append(cm)
+            opened[family] = (served.url, tok, load_hf(str(path)))
+        return opened[family]
+
+    yield get
+    for cm in stack:
+        cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sglang_scores_equal_transformers(family_api, family):
+    url, tok, model = family_api(family)
+    labels = [tok(" yes", add_special_tokens=False).input_ids[0], tok(" no", add_special_tokens=False).input_ids[0]]
+    for softmax, item_first in ((False, False), (True, False), (False, True)):
+        body = {"query": QUERY, "items": ITEMS, "label_token_ids": labels, "apply_softmax": softmax, "item_first": item_first}
+        r = httpx.post(f"{url}/v1/score", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["object"] == "scoring" and got["model"] == family
+        want = oracle_scores(model, tok, QUERY, ITEMS, labels, softmax, item_first)
+        for g, w in zip(got["scores"], want, strict=True):
+            assert g == pytest.approx(w, abs=2e-5)
+        if softmax:
+            assert all(math.fsum(s) == pytest.approx(1.0) for s in got["scores"])
+        n = sum(len(tok(QUERY + i if not item_first else i + QUERY).input_ids) for i in ITEMS)
+        assert got["usage"] == {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_completions_echo_logprobs_equal_transformers_through_the_openai_sdk(family_api, family):
+    import openai
+
+    url, tok, model = family_api(family)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    prompts = [QUERY + item for item in ITEMS]
+    got = client.completions.create(model=family, prompt=prompts, echo=True, max_tokens=0, logprobs=3, temperature=0)
+    assert got.object == "text_completion" and len(got.choices) == len(prompts)
+    for prompt, choice in zip(prompts, got.choices):
+        ids = tok(prompt).input_ids
+        lp = hf_logprobs(model, ids)
+        assert choice.text == prompt and choice.finish_reason == "length"
+        assert choice.logprobs.token_logprobs[0] is None
+        assert choice.logprobs.token_logprobs[1:] == pytest.approx([float(lp[i - 1, ids[i]]) for i in range(1, len(ids))], abs=1e-4)
+        assert choice.logprobs.tokens == [tok.decode([t]) for t in ids]
+        assert choice.logprobs.text_offset[0] == 0 and choice.logprobs.text_offset == sorted(choice.logprobs.text_offset)
+        top = choice.logprobs.top_logprobs
+        assert top[0] is None and 3 <= len(top[1]) <= 4  # the top 3 and the chosen token
+        assert max(top[1].values()) == pytest.approx(float(lp[0].max()), abs=1e-4)
+    assert got.usage.prompt_tokens == sum(len(tok(p).input_ids) for p in prompts) and got.usage.completion_tokens == 0
+    one = client.completions.create(model=family, prompt=prompts[0], max_tokens=1, temperature=0, logprobs=0)
+    ids = tok(prompts[0]).input_ids
+    lp = hf_logprobs(model, ids)[-1]
+    greedy = int(torch.argmax(lp))
+    assert one.choices[0].text == tok.decode([greedy]) and one.usage.completion_tokens == 1
+    assert one.choices[0].logprobs.token_logprobs == pytest.approx([float(lp[greedy])], abs=1e-4)
+
+
+def test_vllm_generative_scores_and_token_id_inputs(family_api):
+    url, tok, model = family_api("qwen2")
+    labels = [tok(w, add_special_tokens=False).input_ids[0] for w in (" yes", " no", " maybe")]
+    q = tok(QUERY, add_special_tokens=False).input_ids
+    items = [tok(i, add_special_tokens=False).input_ids for i in ITEMS]
+    r = httpx.post(f"{url}/v1/generative-scores", json={"query": q, "items": items, "label_token_ids": labels}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "generative_score" and [x["index"] for x in got["results"]] == [0, 1, 2]
+    for res, item in zip(got["results"], items):
+        lp = hf_logprobs(model, q + item)[-1][labels]
+        want = torch.softmax(lp, 0).tolist()  # vLLM's default: softmax over the labels
+        assert [res["token_probs"][str(t)] for t in labels] == pytest.approx(want, abs=2e-5)
+    same = httpx.post(f"{url}/generative_scoring", json={"query": q, "items": items, "label_token_ids": labels}, timeout=60)
+    assert [x["token_probs"] for x in same.json()["results"]] == [x["token_probs"] for x in got["results"]]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/score", {"query": "q", "items": [[1, 2]], "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"query": "q", "items": [], "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [10**9]}, "label_token_ids"),
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": []}, "label_token_ids"),
+    ("/v1/score", {"query": [1], "items": [[2**40]], "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [1], "model": "nope"}, "model"),
+    ("/v1/generative-scores", {"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 0.7}, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "temperature": 1}, "temperature"),
+    ("/v1/completions", {"prompt": "hi"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "stream": True}, "stream"),
+    ("/v1/completions", {"prompt": [], "max_tokens": 0}, "prompt"),
+    ("/v1/completions", {"prompt": "x " * 5000, "max_tokens": 0}, "prompt"),
+])
+def test_bad_reads_get_a_400_or_404_naming_the_parameter(family_api, path, body, param):
+    url, _, _ = family_api("llama")
+    r = httpx.post(f"{url}{path}", json=body, timeout=60)
+    assert r.status_code == (404 if param == "model" else 400), r.text
+    assert error_of(r)["param"] == param, r.text

@@ -1,0 +1,71 @@
+"""Reads without a pack (:mod:`spinf_stream.engine.reads`): label log-probabilities after each of a
+request's prompts and every prompt token's log-probability, for every family, against
+transformers run on each prompt alone (fp32, eager attention)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle import load_hf
+
+from spinf_stream.engine.reads import LabelRequest, label_logprobs, prompt_logprobs, prompt_trie
+from tiny import FAMILIES
+
+QUERY = "Is the following message spam? Reply yes or no.\nMessage: "
+ITEMS = ["WINNER!! Claim your prize now, call 0800 123", "see you at lunch tomorrow?", "", "ok"]
+
+
+def oracle_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """``[len(ids), V]`` log-softmax of transformers' logits at every position (float64)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_label_logprobs_match_transformers(tiny_models, loaded, family):
+    path = tiny_models(family)
+    decoder, tok = loaded(path)
+    model = load_hf(str(path))
+    labels = tuple(tok(w, add_special_tokens=False).input_ids[0] for w in (" yes", " no", "yes"))
+    prompts = tuple(tuple(tok(QUERY + item).input_ids) for item in ITEMS)
+    other = LabelRequest((tuple(tok("Another request entirely").input_ids),), labels)
+    got = label_logprobs(decoder, [LabelRequest(prompts, labels), other], token_budget=64)
+    for ids, per_label in zip(prompts, got[0]):
+        want = oracle_logprobs(model, list(ids))[-1]
+        assert per_label == pytest.approx([float(want[t]) for t in labels], abs=1e-4)
+    alone = label_logprobs(decoder, [LabelRequest(prompts, labels)], token_budget=4096)
+    assert alone[0] == got[0], "a request's reads must not depend on what shares its passes"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_logprobs_match_transformers(tiny_models, loaded, family):
+    path = tiny_models(family)
+    decoder, tok = loaded(path)
+    model = load_hf(str(path))
+    prompts = [tok(QUERY + item).input_ids for item in ITEMS] + [tok("Hello").input_ids]
+    got = prompt_logprobs(decoder, prompts, top_n=5, token_budget=16)
+    for ids, reads in zip(prompts, got):
+        want = oracle_logprobs(model, ids)
+        assert reads.token_logprobs[0] is None and reads.top[0] is None
+        assert list(reads.token_logprobs[1:]) == pytest.approx([float(want[i - 1, ids[i]]) for i in range(1, len(ids))], abs=1e-4)
+        for i in range(1, len(ids)):
+            top = torch.topk(want[i - 1], 5)
+            assert [t for t, _ in reads.top[i]][:2] == top.indices.tolist()[:2]
+            assert [v for _, v in reads.top[i]] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert [v for _, v in reads.next_top] == pytest.approx(torch.topk(want[-1], 5).values.tolist(), abs=1e-4)
+        assert reads.next_token == int(torch.argmax(want[-1]))
+        assert reads.next_logprob == pytest.approx(float(want[-1].max()), abs=1e-4)
+    plain = prompt_logprobs(decoder, prompts, top_n=0, token_budget=16)
+    assert [r.token_logprobs for r in plain] == [r.token_logprobs for r in got]
+    assert all(r.top[1:] == ((),) * (len(r.tokens) - 1) and r.next_top == () for r in plain)
+
+
+def test_prompt_trie_shares_prefixes():
+    message, nodes = prompt_trie(0, [[1, 2, 3], [1, 2, 4], [1, 2], [5]])
+    (branch,) = message.branches
+    assert branch.tokens == (1, 2, 3, 4, 5)
+    assert branch.parents == (-1, 0, 1, 1, -1)
+    assert nodes == [[0, 1, 2], [0, 1, 3], [0, 1], [4]]
+    with pytest.raises(ValueError, match="at least one token"):
+        prompt_trie(0, [[1], []])
