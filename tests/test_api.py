@@ -5,6 +5,7 @@ a deterministic stand-in for the engine (FakeScorer)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import subprocess
@@ -288,6 +289,32 @@ def test_serve_records_equal_offline_scoring_for_each_calibration(served_model, 
         assert r.json()["usage"]["prompt_tokens"] > r.json()["usage"]["computed_tokens"] > 0  # the preamble is read once
 
 
+def test_serve_answers_sglang_vllm_and_openai_shapes_as_the_engine_reads(served_model, tiny_model):
+    """The model-level reads through ``spinf-stream serve``: equal to :mod:`spinf_stream.engine.reads`
+    run in this process on the same weights (bit for bit: same back end, same tree)."""
+    import openai
+    from transformers import AutoTokenizer
+
+    from spinf_stream.engine.reads import LabelRequest, label_logprobs, prompt_logprobs
+    from spinf_stream.models import load_decoder
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    decoder = load_decoder(tiny_model)
+    query, items = "Is this spam? ", ["Win a prize now", "lunch at noon?"]
+    labels = [tok(" yes", add_special_tokens=False).input_ids[0], tok(" no", add_special_tokens=False).input_ids[0]]
+    r = httpx.post(f"{served_model}/v1/score", json={"query": query, "items": items, "label_token_ids": labels}, timeout=60)
+    assert r.status_code == 200, r.text
+    (want,) = label_logprobs(decoder, [LabelRequest(tuple(tuple(tok(query + i).input_ids) for i in items), tuple(labels))], 512)
+    assert r.json()["scores"] == [[math.exp(x) for x in per] for per in want]
+    v = httpx.post(f"{served_model}/v1/generative-scores", json={"query": query, "items": items, "label_token_ids": labels,
+                                                                  "apply_softmax": False}, timeout=60)
+    assert [[x["token_probs"][str(t)] for t in labels] for x in v.json()["results"]] == r.json()["scores"]
+    client = openai.OpenAI(base_url=f"{served_model}/v1", api_key="unused")
+    got = client.completions.create(model=r.json()["model"], prompt=query + items[0], echo=True, max_tokens=0, logprobs=1)
+    (read,) = prompt_logprobs(decoder, [tok(query + items[0]).input_ids], 1, 512)
+    assert got.choices[0].logprobs.token_logprobs == list(read.token_logprobs)
+
+
 def test_serve_lists_its_pack_and_model_and_binds_loopback_without_a_key(served_model):
     packs = httpx.get(f"{served_model}/v1/packs").json()["data"]
     assert packs[0]["name"] == "spam" and packs[0]["questions"][0]["choices"]
@@ -342,6 +369,11 @@ def test_run_serves_the_api_and_its_records_equal_the_topic_s(topics, tiny_model
             assert {k: v for k, v in topic[mid].items() if k != "source"} == rec, mid
         models = httpx.get(f"{url}/v1/models").json()["data"]
         assert [m["id"] for m in models] == [api[msgs[0]["id"]]["model"]["name"]] and models[0]["loaded"]
+        items = httpx.post(f"{url}/v1/score", json={"query": "Spam? ", "items": ["a", "b"], "label_token_ids": [1, 2]}, timeout=60)
+        echo = httpx.post(f"{url}/v1/completions", json={"prompt": ["Spam? a", "Spam? b"], "echo": True, "max_tokens": 0,
+                                                        "logprobs": 0}, timeout=60)
+        assert items.status_code == echo.status_code == 200, (items.text, echo.text)
+        assert len(items.json()["scores"]) == 2 and len(echo.json()["choices"]) == 2
     finally:
         proc.terminate()
         assert proc.wait(60) == 0, log.read_text()[-3000:]

@@ -144,3 +144,19 @@ def test_bad_reads_get_a_400_or_404_naming_the_parameter(family_api, path, body,
     r = httpx.post(f"{url}{path}", json=body, timeout=60)
     assert r.status_code == (404 if param == "model" else 400), r.text
     assert error_of(r)["param"] == param, r.text
+
+
+@pytest.mark.real_model
+def test_sglang_scores_equal_transformers_on_a_real_model(loaded):
+    from spinf_stream.models.resolve import resolve
+
+    path = resolve("smollm2-135m").path
+    decoder, tok = loaded(path)
+    model = load_hf(str(path))
+    labels = [tok(w, add_special_tokens=False).input_ids[0] for w in (" yes", " no")]
+    with serving({"auto": Engine(decoder, tok, load_pack("spam"), "smollm2-135m")}) as s:
+        r = httpx.post(f"{s.url}/v1/score", json={"query": QUERY, "items": ITEMS, "label_token_ids": labels}, timeout=120)
+    assert r.status_code == 200, r.text
+    want = oracle_scores(model, tok, QUERY, ITEMS, labels, False, False)
+    for g, w in zip(r.json()["scores"], want, strict=True):
+        assert g == pytest.approx(w, abs=2e-5, rel=1e-4)
