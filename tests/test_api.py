@@ -342,6 +342,31 @@ def test_the_readme_curl_example_runs_against_serve(served_model):
     assert [r["id"] for r in records] == ["m1", "m2"] and all(r["digest"].startswith("sha256:") for r in records)
 
 
+def test_the_readme_sglang_and_openai_sdk_examples_run_against_serve(served_model, tmp_path):
+    import re
+    import shutil
+    import sys
+
+    text = (REPO / "README.md").read_text()
+    (sglang,) = re.findall(r"<!-- api-sglang-example -->\n```bash\n(.*?)```", text, flags=re.S)
+    (sdk,) = re.findall(r"<!-- api-openai-example -->\n```python\n(.*?)```", text, flags=re.S)
+    model = httpx.get(f"{served_model}/v1/models").json()["data"][0]["id"]
+    curl = shutil.which("curl")
+    if curl is not None:
+        out = subprocess.run(["bash", "-c", sglang.replace("localhost:8000", served_model.removeprefix("http://"))],
+                             capture_output=True, timeout=60, env={"PATH": os.path.dirname(curl)})
+        assert out.returncode == 0, out.stderr
+        scores = orjson.loads(out.stdout)["scores"]
+        assert len(scores) == 2 and all(sum(s) == pytest.approx(1.0) for s in scores)
+    script = tmp_path / "example.py"
+    script.write_text(sdk.replace("http://localhost:8000", served_model).replace('"qwen2.5-coder-0.5b"', repr(model)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.rsplit(" ", 1)[0] for line in lines] == ["' yes'", "' no'"]
+    assert all(float(line.rsplit(" ", 1)[1]) < 0 for line in lines)
+
+
 # -- the API beside the stream: spinf-stream run ---------------------------------------------------
 
 
