@@ -403,3 +403,49 @@ def test_run_serves_the_api_and_its_records_equal_the_topic_s(topics, tiny_model
         proc.terminate()
         assert proc.wait(60) == 0, log.read_text()[-3000:]
     assert "HTTP API on http://127.0.0.1:" in log.read_text()
+
+
+def test_slow_and_partial_requests_do_not_stall_the_stream(topics, tiny_model, tmp_path):
+    """A slowloris attack of bounded length on ``run``'s API (200 connections trickling partial
+    headers and bodies): records produced meanwhile are scored, and a whole request is answered."""
+    from broker import json_line, produce, read_all, real_messages, run_settings, start_scorer_process
+
+    t = topics(1)
+    msgs = [{"id": m["id"], "text": m["text"]} for m in real_messages("sms_spam", 8)]
+    port = free_port()
+    log = tmp_path / "run.log"
+    proc = start_scorer_process(run_settings(t, model=str(tiny_model), pack="spam", token_budget=512, api_port=port), log)
+    socks: list[socket.socket] = []
+    try:
+        url = wait_for_api(port, proc, log)
+        for i in range(200):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            head = b"POST /v1/score HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"POST /v1/score HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
+            s.sendall(head)
+            socks.append(s)
+        started = time.monotonic()
+        produce(t, [json_line(m) for m in msgs])
+        stop = threading.Event()
+
+        def trickle() -> None:  # one more byte on every connection every 0.5 s, for as long as the test reads
+            while not stop.wait(0.5):
+                for s in socks:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        try:
+            got = read_all(t, [t.output], n=len(msgs))
+            r = httpx.post(f"{url}/v1/score", json={"pack": "spam", "messages": msgs[:1]}, timeout=60)
+        finally:
+            stop.set()
+        assert {orjson.loads(x.value)["id"] for x in got} == {m["id"] for m in msgs}
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - started < 60
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
