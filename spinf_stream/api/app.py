@@ -1,7 +1,8 @@
 """The FastAPI application of the HTTP API: routes, API keys, limits and one error shape.
 
 Errors are OpenAI's shape, ``{"error": {"type", "message", "param"}}``: 400
-``invalid_request_error`` (a body that does not validate, too many messages), 401
+``invalid_request_error`` (a body that does not validate, too many messages, a prompt over the
+model's context or a parameter not served, naming it in ``param``), 401
 ``authentication_error`` (a missing or wrong ``Authorization: Bearer`` key, compared in constant
 time), 404 ``not_found_error`` (a pack, calibration or model not served), 413
 ``request_too_large`` (a body over ``max_body_bytes``, refused before it is read whole), 429
