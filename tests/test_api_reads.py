@@ -160,3 +160,44 @@ def test_sglang_scores_equal_transformers_on_a_real_model(loaded):
     want = oracle_scores(model, tok, QUERY, ITEMS, labels, False, False)
     for g, w in zip(r.json()["scores"], want, strict=True):
         assert g == pytest.approx(w, abs=2e-5, rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from spinf_stream.models.resolve import resolve
+
+    return AutoTokenizer.from_pretrained(str(resolve("smollm2-135m").path))
+
+
+def _read(tok: Any, prompt: str, nxt: str | int) -> Any:
+    from spinf_stream.engine.reads import PromptLogprobs
+
+    ids = tuple(tok(prompt).input_ids)
+    t = nxt if isinstance(nxt, int) else tok(nxt, add_special_tokens=False).input_ids[0]
+    return PromptLogprobs(ids, (None,) + (-1.0,) * (len(ids) - 1), (None,) + (((ids[0], -0.5),),) * (len(ids) - 1),
+                          ((t, -0.25),), t, -0.25)
+
+
+def test_a_completion_ends_at_a_stop_string_or_the_end_of_text_token(smollm2_tokenizer):
+    """OpenAI's rules for the written token: a stop string cuts the text before it (the stop is not
+    returned) and finishes with ``stop``; so does the end-of-text token; else ``length``."""
+    from spinf_stream.api.bodies import CompletionRequest
+    from spinf_stream.api.completions import _choice
+
+    tok = smollm2_tokenizer
+    body = CompletionRequest(prompt="The answer is", max_tokens=1, logprobs=1, echo=False)
+    plain, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, [])
+    assert (plain.text, plain.finish_reason, n) == (" yes", "length", 1)
+    assert plain.logprobs.tokens == [" yes"] and plain.logprobs.token_logprobs == [-0.25]
+    cut, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, ["s"])
+    assert (cut.text, cut.finish_reason, n) == (" ye", "stop", 1)
+    gone, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, [" "])
+    assert (gone.text, gone.finish_reason, n, gone.logprobs.tokens) == ("", "stop", 0, [])
+    eos, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", tok.eos_token_id), body, 1, [])
+    assert (eos.text, eos.finish_reason, n) == ("", "stop", 0)
+    echoed, _ = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"),
+                        body.model_copy(update={"echo": True}), 1, [])
+    assert echoed.text == "The answer is yes" and echoed.logprobs.token_logprobs[0] is None
+    assert echoed.logprobs.text_offset[-1] == len("The answer is")
