@@ -139,3 +139,32 @@ def test_dev_with_routes_prints_one_record_per_message_and_pack_equal_to_offline
         engine = Engine.load(model=str(tiny_model), pack=pack, token_budget=4096)
         for rec in engine.score([Message(id=r["id"], fields=r) for r in rows]):
             assert digests[(pack, rec.id)] == rec.digest, (pack, rec.id)
+
+
+def test_dev_serves_the_three_request_shapes_beside_its_stream(tiny_model, tmp_path):
+    """``dev --api-port P`` (no --until-done): spinf's, SGLang's and OpenAI's requests answered
+    while the embedded broker's stream runs."""
+    import httpx
+
+    from test_api import wait_for_api
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    log = tmp_path / "dev.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*CLI, "dev", "--port", str(free_port()), "--model", str(tiny_model), "--pack", "spam",
+                                 "--token-budget", "512", "--api-port", str(port), "--input", str(REPO / "examples" / "messages.jsonl")],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        url = wait_for_api(port, proc, log)
+        spinf = httpx.post(f"{url}/v1/score", json={"pack": "spam", "messages": [{"text": "WIN a prize"}]}, timeout=60)
+        items = httpx.post(f"{url}/v1/score", json={"query": "Spam? ", "items": ["a", "b"], "label_token_ids": [1, 2]}, timeout=60)
+        echo = httpx.post(f"{url}/v1/completions", json={"prompt": "Spam? a", "echo": True, "max_tokens": 0, "logprobs": 1},
+                          timeout=60)
+        assert spinf.status_code == items.status_code == echo.status_code == 200, (spinf.text, items.text, echo.text)
+        assert spinf.json()["records"][0]["digest"].startswith("sha256:")
+        assert len(items.json()["scores"]) == 2 and echo.json()["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    finally:
+        proc.terminate()
+        proc.wait(60)
