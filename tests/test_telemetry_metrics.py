@@ -95,6 +95,7 @@ def flow(tansu, tiny_model) -> Flow:
             async with RunningService(svc):
                 before = await asyncio.to_thread(scrape, port)
                 metas = await produce_values(t.kafka, t.input, values, keys=keys)
+                await _api_requests(settings, svc, good[:2])
                 await wait_for(lambda: svc.stats.acked >= len(values), timeout_s=300, interval_s=0.1)
                 drained = await _when(port, lambda s: s.has("spinf_consumer_lag")
                                       and s.value("spinf_consumer_lag") == 0
@@ -106,6 +107,27 @@ def flow(tansu, tiny_model) -> Flow:
             return Flow(t, settings, metas, good, len(BAD), before, drained, after, svc.stats.batches, useful, answers)
 
     return asyncio.run(go())
+
+
+async def _api_requests(settings: Any, svc: ScoringService, messages: list[dict[str, Any]]) -> None:
+    """The HTTP API beside ``svc`` (as ``run`` serves it), answering one request of ``messages``
+    (200) and one for a pack not served (404)."""
+    import httpx
+
+    from spinf_stream.api.serve import ApiBeside, bind
+    from spinf_stream.stream.app import api_lanes
+
+    sock = bind("127.0.0.1", 0)
+    api = ApiBeside(settings, api_lanes(settings, svc, None), svc._engine_thread, sock, settings.token_budget,
+                    settings.max_batch_messages, settings.too_long, settings.max_prepare_s, telemetry=svc.telemetry)
+    await api.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=120) as client:
+            ok = await client.post("/v1/score", json={"pack": "spam", "messages": messages})
+            missing = await client.post("/v1/score", json={"pack": "nope", "messages": messages})
+        assert (ok.status_code, missing.status_code) == (200, 404), (ok.text, missing.text)
+    finally:
+        await api.stop()
 
 
 def _messages(rows: list[dict[str, Any]]) -> list[Any]:
@@ -325,3 +347,14 @@ def test_decode_passes_and_extracted_tokens_are_counted_and_on_the_status_line(t
     assert batches <= s.value("spinf_forward_passes_total") - passes
     status = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status:")]
     assert status and status[-1].endswith(f", {int(extracted)} tokens extracted in {int(passes)} decode passes"), status[-1:]
+
+
+def test_http_requests_are_measured_by_route_and_status_without_content(flow):
+    """The flow's two API requests: one 200 and one 404 on ``/v1/score``, none left in flight, and
+    its API messages' queue time; no message text in any label."""
+    s = flow.after_rebalance
+    base = "http_server_request_duration_seconds_count"
+    assert s.value(base, http_route="/v1/score", http_response_status_code="200", http_request_method="POST") == 1
+    assert s.value(base, http_route="/v1/score", http_response_status_code="404", http_request_method="POST") == 1
+    assert s.value("http_server_active_requests") == 0
+    assert s.value("spinf_api_queue_duration_seconds_count") == 2

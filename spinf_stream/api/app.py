@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -117,6 +118,36 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class RequestMetrics:
+    """ASGI middleware: each HTTP request's duration by method, route template and status, and the
+    requests in flight, reported to ``telemetry`` (``http_request_started``/``http_request_done``,
+    :class:`~spinf_stream.telemetry.recorder.StreamTelemetry`)."""
+
+    def __init__(self, app: ASGIApp, telemetry: Any) -> None:
+        self.app, self.telemetry = app, telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # a response never started: the server's own error
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        self.telemetry.http_request_started()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            self.telemetry.http_request_done(scope["method"], getattr(route, "path", None), status,
+                                             time.perf_counter() - started)
+
+
 def models_of(scoring: ApiScoring) -> Callable[[], list[ModelEntry]]:
     """The models of ``scoring``'s lanes, each loaded or not now (a lane without a ``loaded``
     attribute holds its model for good)."""
@@ -135,16 +166,19 @@ def models_of(scoring: ApiScoring) -> Callable[[], list[ModelEntry]]:
 def create_app(
     scoring: ApiScoring, *, api_keys: Sequence[str] = (), max_body_bytes: int = 8 << 20, max_messages: int = 1024,
     timeout_s: float = 60.0, models: Callable[[], list[ModelEntry]] = list, retry_after_s: int = 1,
-    reads: ModelReads | None = None, max_logprobs: int = 20,
+    reads: ModelReads | None = None, max_logprobs: int = 20, telemetry: Any = None,
 ) -> FastAPI:
     """The API over ``scoring`` (packs) and ``reads`` (item scoring, completions; ``None``: the
     lanes' models with ``scoring``'s engine thread); ``models()``: the models served and their
-    load state now; ``api_keys`` empty: no key asked; ``max_logprobs``: completions' top-N bound."""
+    load state now; ``api_keys`` empty: no key asked; ``max_logprobs``: completions' top-N bound;
+    ``telemetry``: where requests are reported (:class:`RequestMetrics`; ``None``: nowhere)."""
     if reads is None and scoring is not None:
         reads = ModelReads(list(scoring.lanes.values()), scoring.engine_thread, token_budget=scoring.token_budget,
                            max_queued=scoring.max_queued)
     app = FastAPI(title="spinf-stream", version="1", summary="Score messages against prompt packs with a decision model.")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if telemetry is not None:  # outermost: a 413 is counted too
+        app.add_middleware(RequestMetrics, telemetry=telemetry)
     bearer = HTTPBearer(auto_error=False)
     keys = [k.encode() for k in api_keys]
 

@@ -56,6 +56,7 @@ class Lane:
 class _Item:
     prepared: Any
     future: asyncio.Future[ScoreRecord | ErrorRecord]
+    queued_at: float = 0.0  # the event loop's clock
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class ApiScoring:
         self, lanes: Sequence[Lane], engine_thread: EngineThread, *, token_budget: int, max_batch_messages: int = 512,
         window_s: float = 0.005, max_queued: int = 4096, too_long: Literal["truncate", "reject"] = "reject",
         max_prepare_s: float | None = None, on_batch: Callable[[str, int, float], None] | None = None,
+        telemetry: Any = None,
     ) -> None:
         self.lanes = {lane.key: lane for lane in lanes}
         self.engine_thread = engine_thread
@@ -106,6 +108,7 @@ class ApiScoring:
             loaded=lambda k: bool(getattr(self.lanes[k].scorer, "loaded", True)))
         self._queued = 0
         self._on_batch = on_batch
+        self._telemetry = telemetry
         self._task: asyncio.Task[None] | None = None
 
     # -- lanes --------------------------------------------------------------------------------
@@ -163,7 +166,7 @@ class ApiScoring:
                     continue
                 prompt += getattr(p.item, "prefix_len", 0) + int(p.item.n_tokens)
                 computed += int(p.item.cost_tokens)
-                item = _Item(p.item, loop.create_future())
+                item = _Item(p.item, loop.create_future(), loop.time())
                 items.append(item)
                 self._scheduler.add(lane.key, item, int(p.item.cost_tokens))
                 records.append(item.future)
@@ -204,6 +207,9 @@ class ApiScoring:
             if not live:
                 continue
             started = loop.time()
+            if self._telemetry is not None:
+                lane = self.lanes[key]
+                self._telemetry.api_batch_started([started - it.queued_at for it in live], pack=lane.pack, model=lane.model)
             try:
                 records = await self.engine_thread.run(run_isolating, self.lanes[key].scorer, [it.prepared for it in live])
             except Exception as exc:  # the engine thread is gone: every waiting request fails, not hangs

@@ -57,13 +57,14 @@ class ApiServer:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
-def app_for(scoring: Any, settings: ApiSettings) -> Any:
-    """The FastAPI app over ``scoring`` with ``settings``' keys and limits."""
+def app_for(scoring: Any, settings: ApiSettings, telemetry: Any = None) -> Any:
+    """The FastAPI app over ``scoring`` with ``settings``' keys and limits, reporting to ``telemetry``."""
     from spinf_stream.api.app import create_app, models_of
 
     return create_app(scoring, api_keys=[k.get_secret_value() for k in settings.api_key],
                       max_body_bytes=settings.api_max_body_bytes, max_messages=settings.api_max_messages,
-                      timeout_s=settings.api_timeout_s, models=models_of(scoring), max_logprobs=settings.api_max_logprobs)
+                      timeout_s=settings.api_timeout_s, models=models_of(scoring), max_logprobs=settings.api_max_logprobs,
+                      telemetry=telemetry)
 
 
 def warn_if_open(settings: ApiSettings) -> None:
@@ -161,14 +162,15 @@ class ApiBeside:
     the caller's event loop."""
 
     def __init__(self, settings: ApiSettings, lanes: list[Any], engine_thread: Any, sock: socket.socket,
-                 token_budget: int, max_batch_messages: int, too_long: Any, max_prepare_s: float | None) -> None:
+                 token_budget: int, max_batch_messages: int, too_long: Any, max_prepare_s: float | None,
+                 telemetry: Any = None) -> None:
         from spinf_stream.api.scoring import ApiScoring
 
         self.settings = settings
         self.scoring = ApiScoring(lanes, engine_thread, token_budget=token_budget, max_batch_messages=max_batch_messages,
                                   window_s=settings.api_window_ms / 1000, max_queued=settings.api_max_queue,
-                                  too_long=too_long, max_prepare_s=max_prepare_s)
-        self.server = ApiServer(app_for(self.scoring, settings), sock)
+                                  too_long=too_long, max_prepare_s=max_prepare_s, telemetry=telemetry)
+        self.server = ApiServer(app_for(self.scoring, settings, telemetry), sock)
 
     async def start(self) -> None:
         self.scoring.start()

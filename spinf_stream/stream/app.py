@@ -193,7 +193,7 @@ def api_beside(settings: ScoringSettings, service: ScoringService, checked: Chec
     from spinf_stream.api.serve import ApiBeside
 
     return ApiBeside(settings, api_lanes(settings, service, checked), engine_thread, sock, settings.token_budget,
-                     settings.max_batch_messages, settings.too_long, settings.max_prepare_s)
+                     settings.max_batch_messages, settings.too_long, settings.max_prepare_s, telemetry=service.telemetry)
 
 
 def api_lanes(settings: ScoringSettings, service: ScoringService, checked: CheckedRoutes | None) -> list[Any]:

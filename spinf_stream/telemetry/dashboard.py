@@ -67,6 +67,8 @@ class Query:
     def series(self) -> list[str]:
         """The Prometheus series names this query reads."""
         base = self.spec.prometheus
+        if self.shape in ("rate", "increase") and self.spec.kind == "histogram":
+            return [base + "_count"]  # a histogram's rate: its observations per second
         if self.shape == "quantile":
             return [base + "_bucket"]
         if self.shape == "mean":
@@ -83,7 +85,7 @@ class Query:
 
     @property
     def promql(self) -> str:
-        base = self.spec.prometheus
+        base = self.spec.prometheus + ("_count" if self.shape in ("rate", "increase") and self.spec.kind == "histogram" else "")
         by = f" by ({', '.join(self.labels)})" if self.labels else ""
         sel = self.selector
         if self.shape == "rate":
@@ -210,6 +212,16 @@ PANELS: tuple[Panel, ...] = (
         _q("spinf.info", "gauge", "{{spinf_model}} {{spinf_pack_name}}@{{spinf_pack_version}} {{spinf_device}} {{spinf_dtype}}",
            by=(m.MODEL, m.PACK, m.PACK_VERSION, m.DEVICE, m.DTYPE, m.KERNELS), agg="max"),
     ), "Start-up load time; the legend names what each replica runs."),
+    Panel("HTTP API requests", "reqps", (
+        _q("http.server.request.duration", "rate", "{{http_request_method}} {{http_route}} {{http_response_status_code}}",
+           by=(m.HTTP_METHOD, m.HTTP_ROUTE, m.HTTP_STATUS)),
+        _q("http.server.active_requests", "gauge", "in flight"),
+    ), "Requests per second by route and status (429: the queue was full; 504: over --api-timeout-s), and in flight."),
+    Panel("HTTP API latency", "s", (
+        _q("http.server.request.duration", "quantile", "{{http_route}} p50", q=0.5, by=(m.HTTP_ROUTE,)),
+        _q("http.server.request.duration", "quantile", "{{http_route}} p99", q=0.99, by=(m.HTTP_ROUTE,)),
+        _q("spinf.api.queue.duration", "quantile", "queue p95", q=0.95),
+    ), "Request duration, and an API message's wait for its batch (the latency window and stream batches ahead of it)."),
 )
 
 

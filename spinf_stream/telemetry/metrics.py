@@ -36,6 +36,12 @@ TOPIC = "messaging.destination.name"
 PARTITION = "messaging.destination.partition.id"  # a string, as the conventions say
 ERROR_TYPE = "error.type"  # the dead-letter kind, or an exception's class name
 
+# -- HTTP server (semantic conventions for HTTP) ------------------------------------------------
+
+HTTP_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"  # the route's template, e.g. /v1/score; absent when no route matched
+HTTP_STATUS = "http.response.status_code"
+
 # -- ours ---------------------------------------------------------------------------------------
 
 MODEL = "spinf.model"
@@ -250,6 +256,21 @@ METRICS: tuple[MetricSpec, ...] = (
         "spinf.info", "gauge", "1",
         "What is this scorer running? Always 1; the attributes say the model, pack, device, dtype and token budget.",
         (MODEL, PACK, PACK_VERSION, DEVICE, DTYPE, KERNELS, TOKEN_BUDGET),
+    ),
+    # -- the HTTP API (semantic conventions for HTTP servers) --
+    MetricSpec(
+        "http.server.request.duration", "histogram", "s",
+        "How long do HTTP API requests take, per route and status? (429: the queue was full; 504: over the timeout)",
+        (HTTP_METHOD, HTTP_ROUTE, HTTP_STATUS), LATENCY_S,
+    ),
+    MetricSpec(
+        "http.server.active_requests", "gauge", "{request}",
+        "How many HTTP API requests are in flight now (read, waiting or being answered)?",
+    ),
+    MetricSpec(
+        "spinf.api.queue.duration", "histogram", "s",
+        "How long do API messages wait between being queued and their batch starting on the engine "
+        "(the latency window, and stream batches ahead of them on the engine thread)?", _LANE, LATENCY_S,
     ),
 )
 

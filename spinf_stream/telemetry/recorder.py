@@ -158,6 +158,7 @@ class StreamTelemetry:
         self._attrs: dict[tuple[str, int], dict[str, Any]] = {}
         self._topic_attrs: dict[str, dict[str, Any]] = {}
         self._questions = 0
+        self._active_requests = 0
         self._status_at = time.monotonic()  # the first status line comes one interval after start
         self._decode_passes = self._extracted = 0  # since start, for the status line
         self._status_last: tuple[int, int, int] = (0, 0, 0)  # questions, scored, dead-lettered
@@ -189,6 +190,7 @@ class StreamTelemetry:
             "spinf.queue.depth": self._observe_queues,
             "spinf.models.loaded": self._observe_models_loaded,
             "spinf.model.memory": self._observe_model_memory,
+            "http.server.active_requests": self._observe_active_requests,
         }
         observed_counters = {
             "spinf.model.loads": lambda _o: [Observation(self._models_sample().loads)],
@@ -266,6 +268,29 @@ class StreamTelemetry:
     def consumed(self, topic: str, partition: int, n: int) -> None:
         """``n`` records of ``topic[partition]`` were read."""
         self._i["messaging.client.consumed.messages"].add(n, self._partition_attrs(topic, partition))
+
+    # -- the HTTP API -----------------------------------------------------------------------------
+
+    def http_request_started(self) -> None:
+        """An HTTP API request was read (its headers)."""
+        self._active_requests += 1
+
+    def http_request_done(self, method: str, route: str | None, status: int, seconds: float) -> None:
+        """An HTTP API request was answered with ``status`` after ``seconds``; ``route`` is the
+        matched route's template (``None``: none matched)."""
+        self._active_requests -= 1
+        attrs: dict[str, Any] = {m.HTTP_METHOD: method, m.HTTP_STATUS: status}
+        if route is not None:
+            attrs[m.HTTP_ROUTE] = route
+        self._i["http.server.request.duration"].record(seconds, attrs)
+
+    def api_batch_started(self, waited_s: Sequence[float], *, pack: str = "", model: str = "") -> None:
+        """A batch of API messages of the lane ``pack`` on ``model`` goes to the engine;
+        ``waited_s``: each message's time since it was queued."""
+        lane = {m.PACK: pack, m.MODEL: model}
+        q = self._i["spinf.api.queue.duration"]
+        for w in waited_s:
+            q.record(w, lane)
 
     def batch_started(
         self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int, *, pack: str = "", model: str = "",
@@ -485,6 +510,9 @@ class StreamTelemetry:
         for name, size in self._models_sample().loaded:
             if size is not None:
                 yield Observation(size, {m.MODEL: name})
+
+    def _observe_active_requests(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(self._active_requests)
 
     def _observe_inflight(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._sample.inflight)
