@@ -47,16 +47,17 @@ class Served:
 
 @contextmanager
 def serving(scorers: dict[str, FakeScorer] | None = None, *, max_queued: int = 4096, window_s: float = 0.005,
-            **app_kwargs: Any) -> Iterator[Served]:
-    """The API on a FakeScorer per calibration (``auto``, ``none``), on a loop of its own thread."""
+            telemetry: Any = None, **app_kwargs: Any) -> Iterator[Served]:
+    """The API on a FakeScorer per calibration (``auto``, ``none``), on a loop of its own thread,
+    reporting to ``telemetry`` (``None``: nowhere)."""
     scorers = scorers or {"auto": fake(), "none": fake()}
     lanes = [Lane(f"spam|{c}", s.pack.name, s.pack.version, c, s) for c, s in scorers.items()]
     loop = asyncio.new_event_loop()
     started = threading.Event()
     box: dict[str, Any] = {}
     with EngineThread() as engine:
-        scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued)
-        app = create_app(scoring, models=models_of(scoring), **app_kwargs)
+        scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued, telemetry=telemetry)
+        app = create_app(scoring, models=models_of(scoring), telemetry=telemetry, **app_kwargs)
         sock = bind("127.0.0.1", 0)
 
         async def main() -> None:

@@ -189,3 +189,32 @@ def test_nothing_is_pushed_without_the_variables_or_with_exporter_none():
 def test_an_otlp_protocol_other_than_http_protobuf_is_refused_by_name():
     with pytest.raises(TelemetryConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL='grpc'"):
         build_providers(prometheus=False, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+
+
+def test_an_api_request_has_a_server_span_and_its_batch_span_links_to_it():
+    """Two requests sharing one batch: each a ``POST /v1/score`` server span with its route and
+    status, and one ``spinf.api.batch`` span linked to both; a 404 is a span too, with no batch."""
+    import concurrent.futures
+
+    import httpx
+    from test_api import serving
+
+    from spinf_stream.config import RunSettings
+
+    exporter = InMemorySpanExporter()
+    telemetry = create_telemetry(RunSettings.model_validate({"metrics_port": 0}), span_exporter=exporter, environ={})
+    with serving(telemetry=telemetry, window_s=0.3) as s:
+        def post(body: dict[str, Any]) -> int:
+            return httpx.post(f"{s.url}/v1/score", json=body, timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            codes = list(pool.map(post, [{"pack": "spam", "messages": [{"text": f"m{i}"}]} for i in range(2)]))
+        assert codes == [200, 200] and post({"pack": "nope", "messages": [{"text": "x"}]}) == 404
+    telemetry.providers.shutdown()
+    spans = exporter.get_finished_spans()
+    requests = [x for x in spans if x.name == "POST /v1/score"]
+    assert sorted(x.attributes["http.response.status_code"] for x in requests) == [200, 200, 404]
+    assert all(x.attributes["http.route"] == "/v1/score" and x.kind.name == "SERVER" for x in requests)
+    (batch,) = [x for x in spans if x.name == "spinf.api.batch"]
+    ok = {x.context.span_id for x in requests if x.attributes["http.response.status_code"] == 200}
+    assert {link.context.span_id for link in batch.links} == ok

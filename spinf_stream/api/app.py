@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -119,9 +118,9 @@ class BodyLimit:
 
 
 class RequestMetrics:
-    """ASGI middleware: each HTTP request's duration by method, route template and status, and the
-    requests in flight, reported to ``telemetry`` (``http_request_started``/``http_request_done``,
-    :class:`~spinf_stream.telemetry.recorder.StreamTelemetry`)."""
+    """ASGI middleware: each HTTP request reported to ``telemetry``
+    (:meth:`~spinf_stream.telemetry.recorder.StreamTelemetry.http_request`: in flight, duration by
+    method, route template and status, a server span current while the request runs)."""
 
     def __init__(self, app: ASGIApp, telemetry: Any) -> None:
         self.app, self.telemetry = app, telemetry
@@ -130,22 +129,17 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        status = 500  # a response never started: the server's own error
+        with self.telemetry.http_request(scope["method"]) as request:
 
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
+            async def send_status(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    request.status = int(message["status"])
+                await send(message)
 
-        self.telemetry.http_request_started()
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = scope.get("route")
-            self.telemetry.http_request_done(scope["method"], getattr(route, "path", None), status,
-                                             time.perf_counter() - started)
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                request.route = getattr(scope.get("route"), "path", None)
 
 
 def models_of(scoring: ApiScoring) -> Callable[[], list[ModelEntry]]:

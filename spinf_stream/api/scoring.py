@@ -57,6 +57,7 @@ class _Item:
     prepared: Any
     future: asyncio.Future[ScoreRecord | ErrorRecord]
     queued_at: float = 0.0  # the event loop's clock
+    request: Any = None  # its request's span context (telemetry), to link its batch to
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class ApiScoring:
                     continue
                 prompt += getattr(p.item, "prefix_len", 0) + int(p.item.n_tokens)
                 computed += int(p.item.cost_tokens)
-                item = _Item(p.item, loop.create_future(), loop.time())
+                item = _Item(p.item, loop.create_future(), loop.time(),
+                             self._telemetry.request_context() if self._telemetry is not None else None)
                 items.append(item)
                 self._scheduler.add(lane.key, item, int(p.item.cost_tokens))
                 records.append(item.future)
@@ -207,9 +209,11 @@ class ApiScoring:
             if not live:
                 continue
             started = loop.time()
+            span = None
             if self._telemetry is not None:
                 lane = self.lanes[key]
-                self._telemetry.api_batch_started([started - it.queued_at for it in live], pack=lane.pack, model=lane.model)
+                span = self._telemetry.api_batch_started([started - it.queued_at for it in live], [it.request for it in live],
+                                                         pack=lane.pack, model=lane.model)
             try:
                 records = await self.engine_thread.run(run_isolating, self.lanes[key].scorer, [it.prepared for it in live])
             except Exception as exc:  # the engine thread is gone: every waiting request fails, not hangs
@@ -218,6 +222,9 @@ class ApiScoring:
                     if not it.future.done():
                         it.future.set_exception(exc)
                 continue
+            finally:
+                if self._telemetry is not None:
+                    self._telemetry.api_batch_finished(span)
             if self._on_batch is not None:
                 self._on_batch(key, len(live), loop.time() - started)
             for it, rec in zip(live, records):

@@ -22,14 +22,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from spinf_stream.telemetry import metrics as m
@@ -115,6 +116,16 @@ def _carrier(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, st
         if k in TRACE_HEADERS and v is not None:
             out[k] = bytes(v).decode("latin-1")
     return out
+
+
+class HttpRequest:
+    """What :meth:`StreamTelemetry.http_request` reports of a request: its ``route`` template
+    (``None`` until one matched) and response ``status`` (500 until a response started)."""
+
+    __slots__ = ("method", "route", "status")
+
+    def __init__(self, method: str) -> None:
+        self.method, self.route, self.status = method, None, 500
 
 
 class StreamTelemetry:
@@ -271,26 +282,64 @@ class StreamTelemetry:
 
     # -- the HTTP API -----------------------------------------------------------------------------
 
-    def http_request_started(self) -> None:
-        """An HTTP API request was read (its headers)."""
+    @contextmanager
+    def http_request(self, method: str) -> Iterator[HttpRequest]:
+        """One HTTP API request, from its headers read to its response sent: in flight meanwhile,
+        then its duration by method, route and status; with a tracer, a server span current
+        while it runs (named ``METHOD /route``). Set the yielded request's ``route`` (the matched
+        route's template) and ``status``."""
+        req = HttpRequest(method)
         self._active_requests += 1
+        started = time.perf_counter()
+        span = None
+        if self._tracer is not None:
+            span = self._tracer.start_span(method, kind=SpanKind.SERVER, attributes={m.HTTP_METHOD: method})
+        try:
+            if span is None:
+                yield req
+            else:
+                with trace.use_span(span, end_on_exit=False):
+                    yield req
+        finally:
+            self._active_requests -= 1
+            attrs: dict[str, Any] = {m.HTTP_METHOD: method, m.HTTP_STATUS: req.status}
+            if req.route is not None:
+                attrs[m.HTTP_ROUTE] = req.route
+            self._i["http.server.request.duration"].record(time.perf_counter() - started, attrs)
+            if span is not None:
+                if req.route is not None:
+                    span.update_name(f"{method} {req.route}")
+                span.set_attributes(attrs)
+                if req.status >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
+                span.end()
 
-    def http_request_done(self, method: str, route: str | None, status: int, seconds: float) -> None:
-        """An HTTP API request was answered with ``status`` after ``seconds``; ``route`` is the
-        matched route's template (``None``: none matched)."""
-        self._active_requests -= 1
-        attrs: dict[str, Any] = {m.HTTP_METHOD: method, m.HTTP_STATUS: status}
-        if route is not None:
-            attrs[m.HTTP_ROUTE] = route
-        self._i["http.server.request.duration"].record(seconds, attrs)
+    def request_context(self) -> Any:
+        """The current HTTP request's span context (to link its batch to), or ``None``."""
+        if self._tracer is None:
+            return None
+        ctx = trace.get_current_span().get_span_context()
+        return ctx if ctx.is_valid else None
 
-    def api_batch_started(self, waited_s: Sequence[float], *, pack: str = "", model: str = "") -> None:
+    def api_batch_started(self, waited_s: Sequence[float], requests: Sequence[Any], *, pack: str = "", model: str = "") -> Any:
         """A batch of API messages of the lane ``pack`` on ``model`` goes to the engine;
-        ``waited_s``: each message's time since it was queued."""
+        ``waited_s``: each message's time since it was queued; ``requests``: their requests' span
+        contexts (:meth:`request_context`). Returns the batch's span (``spinf.api.batch``, linked
+        to the requests' spans; ``None`` without a tracer): end it with :meth:`api_batch_finished`."""
         lane = {m.PACK: pack, m.MODEL: model}
         q = self._i["spinf.api.queue.duration"]
         for w in waited_s:
             q.record(w, lane)
+        if self._tracer is None:
+            return None
+        contexts = {c.span_id: c for c in requests if c is not None}  # a request's messages share its span
+        links = [Link(c) for c in contexts.values()][:MAX_LINKS]
+        return self._tracer.start_span("spinf.api.batch", links=links,
+                                       attributes={**lane, "spinf.batch.messages": len(waited_s)})
+
+    def api_batch_finished(self, span: Any) -> None:
+        if span is not None:
+            span.end()
 
     def batch_started(
         self, headers: Sequence[Any], waited_s: Sequence[float], tokens: int, *, pack: str = "", model: str = "",
