@@ -213,6 +213,7 @@ class ApiSettings(BaseSettings):
     api_max_messages: int = Field(1024, ge=1, description="Messages per request, at most (400 above).")
     api_timeout_s: float = Field(60.0, gt=0, description="A request not answered in this many seconds gets 504 (its messages not yet scored are dropped).")
     api_max_queue: int = Field(4096, ge=1, description="Messages queued for the engine, at most; a request that would pass it gets 429 with Retry-After.")
+    api_inline_packs: bool = Field(True, description="Accept a pack given inline in a /v1/score request (its YAML as a JSON object), for authoring.")
     api_max_logprobs: int = Field(20, ge=0, description="The most alternatives (top-N) /v1/completions gives per token (its logprobs).")
 
     @field_validator("api_key", mode="before")

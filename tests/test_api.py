@@ -47,7 +47,7 @@ class Served:
 
 @contextmanager
 def serving(scorers: dict[str, FakeScorer] | None = None, *, max_queued: int = 4096, window_s: float = 0.005,
-            telemetry: Any = None, **app_kwargs: Any) -> Iterator[Served]:
+            telemetry: Any = None, inline_packs: bool = True, **app_kwargs: Any) -> Iterator[Served]:
     """The API on a FakeScorer per calibration (``auto``, ``none``), on a loop of its own thread,
     reporting to ``telemetry`` (``None``: nowhere)."""
     scorers = scorers or {"auto": fake(), "none": fake()}
@@ -56,7 +56,8 @@ def serving(scorers: dict[str, FakeScorer] | None = None, *, max_queued: int = 4
     started = threading.Event()
     box: dict[str, Any] = {}
     with EngineThread() as engine:
-        scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued, telemetry=telemetry)
+        scoring = ApiScoring(lanes, engine, token_budget=4096, window_s=window_s, max_queued=max_queued, telemetry=telemetry,
+                             inline_packs=inline_packs)
         app = create_app(scoring, models=models_of(scoring), telemetry=telemetry, **app_kwargs)
         sock = bind("127.0.0.1", 0)
 

@@ -26,7 +26,7 @@ def test_no_request_gets_a_server_error(api_schema):
         seen.append(f"{operation.method.upper()} {operation.path}")
 
         @hypothesis.given(case=operation.as_strategy())
-        @hypothesis.settings(max_examples=40, deadline=None, suppress_health_check=list(hypothesis.HealthCheck),
+        @hypothesis.settings(max_examples=100, deadline=None, suppress_health_check=list(hypothesis.HealthCheck),
                              phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate], database=None)
         def check(case):
             response = case.call(timeout=60)

@@ -201,3 +201,44 @@ def test_a_completion_ends_at_a_stop_string_or_the_end_of_text_token(smollm2_tok
                         body.model_copy(update={"echo": True}), 1, [])
     assert echoed.text == "The answer is yes" and echoed.logprobs.token_logprobs[0] is None
     assert echoed.logprobs.text_offset[-1] == len("The answer is")
+
+
+INLINE = """\
+name: drafting
+version: "0.1.0"
+description: a pack being written
+prompt: "Review: {text}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - id: positive
+    text: Is the review positive?
+  - id: mentions_price
+    text: Does it mention the price?
+"""
+
+
+def test_an_inline_pack_is_scored_as_the_same_pack_loaded_offline(tiny_models, loaded, tmp_path):
+    import yaml
+
+    from spinf_stream.engine import Message
+    from spinf_stream.packs.load import parse_pack
+
+    decoder, tok = loaded(tiny_models("llama"))
+    msgs = [{"id": "r1", "text": "Great value for the price."}, {"id": "r2", "text": "Broke after a day."}]
+    want = Engine(decoder, tok, parse_pack(INLINE), "llama").score([Message(id=m["id"], fields=m) for m in msgs])
+    with serving({"auto": Engine(decoder, tok, load_pack("spam"), "llama")}) as s:
+        body = {"pack": yaml.load(INLINE, Loader=yaml.BaseLoader), "messages": msgs}
+        first = httpx.post(f"{s.url}/v1/score", json=body, timeout=120)
+        again = httpx.post(f"{s.url}/v1/score", json=body, timeout=120)
+        assert first.status_code == again.status_code == 200, first.text
+        assert first.json()["records"] == again.json()["records"] == [r.model_dump(mode="json") for r in want]
+        assert len([k for k in s.scoring.lanes if k.startswith("inline|")]) == 1  # built once
+        assert [p["name"] for p in httpx.get(f"{s.url}/v1/packs").json()["data"]] == ["spam"]
+        bad = httpx.post(f"{s.url}/v1/score", json={"pack": {**yaml.load(INLINE, Loader=yaml.BaseLoader), "choices": "yes"}, "messages": msgs})
+        assert bad.status_code == 400 and error_of(bad)["param"] == "pack" and "choices" in error_of(bad)["message"]
+        cal = httpx.post(f"{s.url}/v1/score", json={**body, "calibration": "auto"})
+        assert cal.status_code == 400 and error_of(cal)["param"] == "calibration"
+    with serving({"auto": Engine(decoder, tok, load_pack("spam"), "llama")}, inline_packs=False) as s:
+        off = httpx.post(f"{s.url}/v1/score", json={"pack": yaml.load(INLINE, Loader=yaml.BaseLoader), "messages": msgs})
+        assert off.status_code == 400 and "--no-api-inline-packs" in error_of(off)["message"]

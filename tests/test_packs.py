@@ -233,6 +233,13 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     assert "line 8" in str(err)  # the parser notices at the next key
 
 
+def test_a_control_character_in_a_pack_is_a_pack_error_naming_it(tmp_path: Path) -> None:
+    """The YAML reader refuses C1 control characters before parsing; that is the pack's error too
+    (the fuzzed API sent one in an inline pack and got a 500 before)."""
+    err = load_error(tmp_path, edited("choices: [yes, no]", "choices: [yes, no\x93]"))
+    assert "invalid YAML" in str(err) and "#x0093" in str(err)
+
+
 def test_duplicate_yaml_key_is_rejected_with_both_lines(tmp_path: Path) -> None:
     err = load_error(tmp_path, GOOD + "choices: [a, b]\n")
     assert "duplicate key 'choices'" in str(err)

@@ -34,8 +34,8 @@ from spinf_stream.api.bodies import (
 )
 from spinf_stream.api.completions import complete
 from spinf_stream.api.item_scoring import generative_scores, score_items
-from spinf_stream.api.reads import BadRequest, ModelReads
-from spinf_stream.api.scoring import ApiScoring, QueueFull, UnknownLane
+from spinf_stream.api.reads import ModelReads
+from spinf_stream.api.scoring import ApiScoring, BadRequest, QueueFull, UnknownLane
 
 T = TypeVar("T")
 
@@ -234,10 +234,13 @@ def create_app(
     async def score_messages(body: ScoreRequest) -> ScoreResponse:
         if len(body.messages) > max_messages:
             raise ApiError(400, f"{len(body.messages)} messages; at most {max_messages} per request", "messages")
-        try:
-            lane = scoring.lane_for(body.pack, body.calibration, body.model)
-        except UnknownLane as e:
-            raise ApiError(404, str(e), e.param) from None
+        if isinstance(body.pack, dict):
+            lane = await guarded(scoring.inline_lane(body.pack, body.calibration, body.model))
+        else:
+            try:
+                lane = scoring.lane_for(body.pack, body.calibration, body.model)
+            except UnknownLane as e:
+                raise ApiError(404, str(e), e.param) from None
         scored = await guarded(scoring.score(lane, body.messages))
         return ScoreResponse(records=scored.records, usage=Usage(prompt_tokens=scored.prompt_tokens,
                                                                  computed_tokens=scored.computed_tokens))
@@ -265,7 +268,7 @@ def create_app(
         """The packs served: versions, questions, choices, default calibration."""
         seen: dict[str, PackEntry] = {}
         for lane in scoring.lanes.values():
-            if lane.pack in seen:
+            if lane.pack in seen or lane.key.startswith("inline|"):
                 continue
             pack = lane.scorer.pack
             cal = getattr(lane.scorer, "calibration", None)

@@ -12,7 +12,9 @@ class ScoreRequest(BaseModel):
     """``POST /v1/score``: score ``messages`` against ``pack``."""
 
     model_config = ConfigDict(extra="forbid")
-    pack: str = Field(description="A pack this server serves (GET /v1/packs), by name or name@version.", min_length=1)
+    pack: str | dict[str, Any] = Field(
+        description="A pack this server serves (GET /v1/packs), by name or name@version; or a pack given inline, its YAML "
+        "as a JSON object (for authoring; uncalibrated; off with --no-api-inline-packs).")
     model: str | None = Field(None, description="The model to read with (GET /v1/models); default: the first that serves the pack.")
     messages: list[dict[str, Any]] = Field(
         min_length=1, description="JSON objects with the pack's fields and an optional id (a string or an integer; "

@@ -12,18 +12,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from spinf_stream.api.scoring import Lane, QueueFull, UnknownLane
+from spinf_stream.api.scoring import BadRequest, Lane, QueueFull, UnknownLane
 from spinf_stream.stream.engine_thread import EngineThread
 
 R = TypeVar("R")
 
-
-class BadRequest(ValueError):
-    """A request the model cannot read (HTTP 400), naming the parameter at fault."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
+__all__ = ["BadRequest", "ModelReads", "tokens_of"]
 
 
 class ModelReads:

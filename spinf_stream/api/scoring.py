@@ -29,6 +29,14 @@ class QueueFull(Exception):
     """The request would take the queue past its bound (HTTP 429)."""
 
 
+class BadRequest(ValueError):
+    """A request that cannot be read (HTTP 400), naming the parameter at fault."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class UnknownLane(LookupError):
     """No served pack (or calibration) matches what the request names (HTTP 404)."""
 
@@ -95,7 +103,7 @@ class ApiScoring:
         self, lanes: Sequence[Lane], engine_thread: EngineThread, *, token_budget: int, max_batch_messages: int = 512,
         window_s: float = 0.005, max_queued: int = 4096, too_long: Literal["truncate", "reject"] = "reject",
         max_prepare_s: float | None = None, on_batch: Callable[[str, int, float], None] | None = None,
-        telemetry: Any = None,
+        telemetry: Any = None, inline_packs: bool = True, max_inline_packs: int = 16,
     ) -> None:
         self.lanes = {lane.key: lane for lane in lanes}
         self.engine_thread = engine_thread
@@ -110,6 +118,11 @@ class ApiScoring:
         self._queued = 0
         self._on_batch = on_batch
         self._telemetry = telemetry
+        self.inline_packs = inline_packs
+        self.max_inline_packs = max_inline_packs
+        self._max_batch_messages = max_batch_messages
+        self._window_s = window_s
+        self._inline: dict[str, asyncio.Task[Lane]] = {}  # key -> its lane being built or built, oldest first
         self._task: asyncio.Task[None] | None = None
 
     # -- lanes --------------------------------------------------------------------------------
@@ -135,6 +148,65 @@ class ApiScoring:
             if lane.calibration == calibration:
                 return lane
         raise UnknownLane("calibration", f"calibration {calibration!r} is not served for pack {pack!r}")
+
+    async def inline_lane(self, pack: Mapping[str, Any], calibration: str | None, model: str | None = None) -> Lane:
+        """The lane of a pack given in the request (its YAML as a JSON object) on ``model`` (``None``:
+        the first served): built on first use (an engine over the model's loaded decoder, its
+        preamble prefilled on the engine thread), kept for the next requests (at most
+        ``max_inline_packs``; the oldest idle one goes). Uncalibrated.
+
+        Raises:
+            BadRequest: inline packs are off, a calibration other than ``none``, or a pack that does
+                not validate (the message names the key).
+            UnknownLane: a model not served.
+        """
+        import hashlib
+
+        import orjson
+
+        from spinf_stream.packs.load import PackError, parse_pack
+
+        if not self.inline_packs:
+            raise BadRequest("pack", "inline packs are turned off here (--no-api-inline-packs): name a served pack")
+        if calibration not in (None, "none"):
+            raise BadRequest("calibration", "an inline pack has no calibration: leave calibration out or give none")
+        base = next((lane for lane in self.lanes.values() if model is None or lane.model == model), None)
+        if base is None:
+            raise UnknownLane("model", f"model {model!r} is not served here; served: {', '.join(sorted({lane.model for lane in self.lanes.values()}))}")
+        try:
+            text = orjson.dumps(dict(pack), option=orjson.OPT_SORT_KEYS).decode()
+        except TypeError as e:  # an integer over 64 bits
+            raise BadRequest("pack", f"pack: {e}") from None
+        key = f"inline|{hashlib.sha256(text.encode()).hexdigest()[:16]}|{base.model}"
+        task = self._inline.get(key)
+        if task is None:
+            try:
+                parsed = parse_pack(text, source="pack")
+            except PackError as e:
+                raise BadRequest("pack", str(e)) from None
+            task = self._inline[key] = asyncio.create_task(self._build_inline(key, parsed, base))
+            self._drop_idle_inline()
+        try:
+            return await asyncio.shield(task)
+        except BadRequest:
+            self._inline.pop(key, None)
+            raise
+
+    async def _build_inline(self, key: str, pack: Any, base: Lane) -> Lane:
+        try:
+            engine = await self.engine_thread.run(_inline_engine, base.scorer, pack, self.token_budget)
+        except ValueError as e:  # the pack's choices against this tokenizer, its views
+            raise BadRequest("pack", f"pack: {e}") from None
+        lane = Lane(key, str(pack.name), str(pack.version), "none", engine)
+        self.lanes[key] = lane
+        self._scheduler.add_lane(key, self.token_budget, self._max_batch_messages, self._window_s)
+        return lane
+
+    def _drop_idle_inline(self) -> None:
+        for key in list(self._inline)[: max(0, len(self._inline) - self.max_inline_packs)]:
+            if self._inline[key].done() and self._scheduler.remove_lane(key):
+                del self._inline[key]
+                self.lanes.pop(key, None)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -230,6 +302,15 @@ class ApiScoring:
             for it, rec in zip(live, records):
                 if not it.future.done():
                     it.future.set_result(rec)
+
+
+def _inline_engine(scorer: Any, pack: Any, token_budget: int) -> Any:
+    """An engine for ``pack`` over ``scorer``'s model (engine thread: its decoder, loaded if need be)."""
+    from spinf_stream.engine import Engine
+
+    info = scorer.model_info
+    return Engine(scorer.loaded_decoder(), scorer.tokenizer, pack, str(info.name), token_budget,
+                  model_sha256=info.sha256, dtype_name=info.dtype)
 
 
 def _plain(rec: ScoreRecord | ErrorRecord, truncated: Any) -> dict[str, Any]:

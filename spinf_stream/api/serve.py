@@ -169,7 +169,8 @@ class ApiBeside:
         self.settings = settings
         self.scoring = ApiScoring(lanes, engine_thread, token_budget=token_budget, max_batch_messages=max_batch_messages,
                                   window_s=settings.api_window_ms / 1000, max_queued=settings.api_max_queue,
-                                  too_long=too_long, max_prepare_s=max_prepare_s, telemetry=telemetry)
+                                  too_long=too_long, max_prepare_s=max_prepare_s, telemetry=telemetry,
+                                  inline_packs=settings.api_inline_packs)
         self.server = ApiServer(app_for(self.scoring, settings, telemetry), sock)
 
     async def start(self) -> None:

@@ -155,7 +155,10 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[tuple[str, i
 
 def parse_pack(text: str, source: str | Path | None = None) -> Pack:
     """Validate a pack from YAML text; ``source`` names it in errors. Raises :class:`PackError`."""
-    loader = _StringLoader(text)
+    try:  # the reader checks the characters at once: a control character is a YAMLError here
+        loader = _StringLoader(text)
+    except yaml.YAMLError as e:
+        raise PackError(source, [("", None, f"invalid YAML: {e}")]) from None
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None

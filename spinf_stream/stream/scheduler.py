@@ -71,6 +71,18 @@ class Scheduler(Generic[T]):
 
     # -- pure bookkeeping ---------------------------------------------------------------------
 
+    def add_lane(self, lane: str, budget: int, max_messages: int, window_s: float) -> None:
+        """A lane more (its batcher as the others'); a lane that exists is kept as it is."""
+        if lane not in self.batchers:
+            self.batchers[lane] = Batcher(budget, max_messages, window_s, self._clock, changed=self._changed)
+
+    def remove_lane(self, lane: str) -> bool:
+        """Drop ``lane`` if nothing waits in it; whether it was dropped."""
+        if lane in self.batchers and not len(self.batchers[lane]):
+            del self.batchers[lane]
+            return True
+        return False
+
     def add(self, lane: str, item: T, n_tokens: int, now: float | None = None) -> None:
         """Queue ``item`` (costing ``n_tokens``) on ``lane``'s batcher."""
         self.batchers[lane].add(item, n_tokens, now)
