@@ -24,15 +24,16 @@ from spinf_stream.engine.reads import PromptLogprobs, prompt_logprobs
 MAX_WRITTEN = 1
 
 
-def prompts_of(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
-    """The request's prompts as token ids. Raises :class:`BadRequest` for an empty list."""
+def prompts_of(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[tuple[str | None, list[int]]]:
+    """The request's prompts: each its text (``None`` for token ids) and its token ids. Raises
+    :class:`BadRequest` for an empty list."""
     if isinstance(prompt, str):
-        return [tokens_of(tokenizer, prompt)]
+        return [(prompt, tokens_of(tokenizer, prompt))]
     if not prompt:
         raise BadRequest("prompt", "prompt is an empty list")
     if all(isinstance(p, int) for p in prompt):
-        return [list(prompt)]  # type: ignore[arg-type]
-    return [tokens_of(tokenizer, p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+        return [(None, list(prompt))]  # type: ignore[arg-type]
+    return [(p, tokens_of(tokenizer, p)) if isinstance(p, str) else (None, list(p)) for p in prompt]  # type: ignore[union-attr]
 
 
 def check(body: CompletionRequest, max_logprobs: int) -> int:
@@ -67,7 +68,7 @@ def _choice(tokenizer: Any, index: int, text: str | None, read: PromptLogprobs, 
         out_tokens += read.tokens
         out_lps += read.token_logprobs
         out_tops += read.top
-    completion, finish = "", "length"
+    completion, finish, n_written = "", "length", 0
     if written:
         t = read.next_token
         piece = _piece(tokenizer, t)
@@ -79,6 +80,7 @@ def _choice(tokenizer: Any, index: int, text: str | None, read: PromptLogprobs, 
         else:
             completion = piece
         if not stopped or completion:
+            n_written = 1
             out_tokens.append(t)
             out_lps.append(read.next_logprob)
             out_tops.append(read.next_top)
@@ -101,7 +103,6 @@ def _choice(tokenizer: Any, index: int, text: str | None, read: PromptLogprobs, 
                 entry.setdefault(_piece(tokenizer, tok), lp)
             tops.append(entry)
         logprobs = CompletionLogprobs(tokens=pieces, token_logprobs=out_lps, top_logprobs=tops, text_offset=offsets)
-    n_written = 1 if written and (finish == "length" or completion) else 0
     return CompletionChoice(index=index, text=full, logprobs=logprobs, finish_reason=finish), n_written  # type: ignore[arg-type]
 
 
@@ -111,17 +112,10 @@ async def complete(reads: ModelReads, body: CompletionRequest, max_logprobs: int
     written = check(body, max_logprobs)
     lane = reads.lane_for(body.model)
     tok = lane.scorer.tokenizer
-    prompts = prompts_of(tok, body.prompt)
+    texts, prompts = zip(*prompts_of(tok, body.prompt))
     reads.check_tokens(lane, prompts, "prompt")
     top_n = body.logprobs or 0
     got = await reads.run(lane, len(prompts), prompt_logprobs, prompts, top_n, reads.token_budget)
-    texts: list[str | None]
-    if isinstance(body.prompt, str):
-        texts = [body.prompt]
-    elif body.prompt and all(isinstance(p, int) for p in body.prompt):
-        texts = [None]
-    else:
-        texts = [p if isinstance(p, str) else None for p in body.prompt]  # type: ignore[union-attr]
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     choices, n_written = [], 0
     for i, (text, read) in enumerate(zip(texts, got)):

@@ -11,10 +11,13 @@ The queue is bounded: a request that would take it past ``max_queued`` messages 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import orjson
 
 from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ScoreRecord
 from spinf_stream.messages import Rejection, read_id
@@ -160,11 +163,7 @@ class ApiScoring:
                 not validate (the message names the key).
             UnknownLane: a model not served.
         """
-        import hashlib
-
-        import orjson
-
-        from spinf_stream.packs.load import PackError, parse_pack
+        from spinf_stream.packs.load import PackError, parse_pack  # pydantic and yaml: on first use only
 
         if not self.inline_packs:
             raise BadRequest("pack", "inline packs are turned off here (--no-api-inline-packs): name a served pack")

@@ -59,13 +59,13 @@ class Scheduler(Generic[T]):
         if fairness_cap < 1 or swap_wait_s < 0:
             raise ValueError("fairness_cap must be >= 1 and swap_wait_s >= 0")
         self._changed = asyncio.Event()
-        self.batchers: dict[str, Batcher[T]] = {
-            lane: Batcher(budget, max_messages, window_s, clock, changed=self._changed) for lane, budget in budgets.items()
-        }
+        self._clock = clock
+        self.batchers: dict[str, Batcher[T]] = {}
+        for lane, budget in budgets.items():
+            self.add_lane(lane, budget, max_messages, window_s)
         self._loaded = loaded or (lambda _lane: True)
         self.fairness_cap = fairness_cap
         self.swap_wait_s = swap_wait_s
-        self._clock = clock
         self._last: str | None = None
         self._streak = 0
 
