@@ -89,5 +89,11 @@ def test_score_format_table_writes_the_records_to_the_file_and_the_table_to_stdo
     # without --output and with stdout not a terminal: the records on stdout, the summary on stderr
     plain = _score("--pack", "spam", "--model", str(model), "--input", str(EXAMPLES), "--device", "cpu", "--no-progress")
     assert plain.returncode == 0, plain.stderr
-    assert [orjson.loads(x)["digest"] for x in plain.stdout.splitlines()] == [rec["digest"] for rec in records]
+    digests = [orjson.loads(x)["digest"] for x in plain.stdout.splitlines()]
+    if digests != [rec["digest"] for rec in records]:  # a cross-process difference: docs/invariance.md, "Open"
+        again = _score("--pack", "spam", "--model", str(model), "--input", str(EXAMPLES), "--device", "cpu", "--no-progress")
+        third = [orjson.loads(x)["digest"][7:15] for x in again.stdout.splitlines()]
+        pytest.fail(f"digests differ between two processes: {[r['digest'][7:15] for r in records]} (table run) != "
+                    f"{[d[7:15] for d in digests]} (plain run); a third run: {third}; load average {os.getloadavg()}; "
+                    f"stderr of the table run:\n{r.stderr}")
     assert "spinf-stream score: spam: " in plain.stderr
