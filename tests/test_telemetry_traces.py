@@ -218,3 +218,26 @@ def test_an_api_request_has_a_server_span_and_its_batch_span_links_to_it():
     (batch,) = [x for x in spans if x.name == "spinf.api.batch"]
     ok = {x.context.span_id for x in requests if x.attributes["http.response.status_code"] == 200}
     assert {link.context.span_id for link in batch.links} == ok
+
+
+@pytest.mark.parametrize("broken", ["api_batch_started", "api_batch_finished"])
+def test_a_telemetry_hook_that_raises_is_logged_and_the_requests_are_still_answered(broken, monkeypatch, caplog):
+    """A broken exporter must not stop the API's batch loop: each request is answered as usual,
+    the next one too, and the exception is logged naming the hook."""
+    import httpx
+    from test_api import serving
+
+    from spinf_stream.config import RunSettings
+
+    telemetry = create_telemetry(RunSettings.model_validate({"metrics_port": 0}), span_exporter=InMemorySpanExporter(), environ={})
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(telemetry, broken, boom)
+    with caplog.at_level("ERROR", logger="spinf_stream.api.scoring"), serving(telemetry=telemetry) as s:
+        for i in range(2):
+            r = httpx.post(f"{s.url}/v1/score", json={"pack": "spam", "messages": [{"text": f"m{i}"}]}, timeout=30)
+            assert r.status_code == 200 and "scores" in r.json()["records"][0], r.text
+    telemetry.providers.shutdown()
+    assert sum(f"API telemetry failed in {broken}" in rec.getMessage() for rec in caplog.records) == 2

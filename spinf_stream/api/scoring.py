@@ -283,8 +283,8 @@ class ApiScoring:
             span = None
             if self._telemetry is not None:
                 lane = self.lanes[key]
-                span = self._telemetry.api_batch_started([started - it.queued_at for it in live], [it.request for it in live],
-                                                         pack=lane.pack, model=lane.model)
+                span = _reported("api_batch_started", self._telemetry.api_batch_started, [started - it.queued_at for it in live],
+                                 [it.request for it in live], pack=lane.pack, model=lane.model)
             try:
                 records = await self.engine_thread.run(run_isolating, self.lanes[key].scorer, [it.prepared for it in live])
             except Exception as exc:  # the engine thread is gone: every waiting request fails, not hangs
@@ -295,12 +295,23 @@ class ApiScoring:
                 continue
             finally:
                 if self._telemetry is not None:
-                    self._telemetry.api_batch_finished(span)
+                    _reported("api_batch_finished", self._telemetry.api_batch_finished, span)
             if self._on_batch is not None:
-                self._on_batch(key, len(live), loop.time() - started)
+                _reported("on_batch", self._on_batch, key, len(live), loop.time() - started)
             for it, rec in zip(live, records):
                 if not it.future.done():
                     it.future.set_result(rec)
+
+
+def _reported(hook: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, the telemetry ``hook``: an exception is logged naming it, never
+    raised (a broken exporter must not stop the batches; the requests are answered), and gives
+    ``None``."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        log.exception("API telemetry failed in %s", hook)
+        return None
 
 
 def _inline_engine(scorer: Any, pack: Any, token_budget: int) -> Any:
