@@ -63,6 +63,20 @@ def test_compose_grafana_provisions_the_prometheus_datasource_and_the_generated_
     json.loads(dashboard.DASHBOARD_FILE.read_text())
 
 
+@pytest.mark.parametrize("service", ["scorer", "scorer-cpu", "scorer-routes"])
+def test_compose_scorers_serve_the_http_api_on_the_hosts_loopback(compose, service, monkeypatch):
+    svc = compose["services"][service]
+    env = {k: str(v) for k, v in svc["environment"].items()}
+    assert env["SPINF_API_KEYS"] == "${SPINF_API_KEYS:-}"  # the host's keys, none by default
+    monkeypatch.delenv("SPINF_API_KEYS", raising=False)
+    fields = {k.removeprefix("SPINF_").lower(): v for k, v in env.items() if k not in ("SPINF_API_KEYS", "SPINF_ROUTES")}
+    settings = RunSettings.model_validate(fields)
+    (published,) = svc["ports"]
+    host, ports, target = published.split(":")
+    assert host == "127.0.0.1" and int(target) == settings.api_port and settings.listen_host() == "0.0.0.0"
+    assert ports.startswith(f"{settings.api_port}-")  # a port per replica under --scale
+
+
 def test_compose_scorer_healthcheck_asks_healthz_on_the_metrics_port(compose):
     scorer = compose["services"]["scorer"]
     port = scorer["environment"]["SPINF_METRICS_PORT"]
@@ -94,8 +108,8 @@ def render(overlay: str) -> list[dict[str, Any]]:
     return [json.loads(json.dumps(d)) for d in _render(str(K8S / "overlays" / overlay))]
 
 
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind]
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
     return doc
 
 
@@ -133,7 +147,8 @@ def test_the_config_map_holds_valid_scorer_settings(overlay, monkeypatch):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_ask_healthz_and_readyz_on_the_metrics_port(overlay):
     c = container(render(overlay))
-    assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"},
+                          {"name": "api", "containerPort": 8000, "protocol": "TCP"}]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -142,7 +157,7 @@ def test_probes_ask_healthz_and_readyz_on_the_metrics_port(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_sasl_credentials_come_from_the_secret(overlay):
     docs = render(overlay)
-    secret = one(docs, "Secret")
+    secret = one(docs, "Secret", "spinf-stream-kafka")
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(docs)["env"] if "valueFrom" in e}
     for name in ("SPINF_SASL_USERNAME", "SPINF_SASL_PASSWORD"):
         assert refs[name]["name"] == secret["metadata"]["name"] and refs[name]["key"] in secret["stringData"]
@@ -151,10 +166,26 @@ def test_sasl_credentials_come_from_the_secret(overlay):
 
 def test_the_metrics_service_selects_the_scorer_pods():
     docs = render("gpu")
-    svc, dep = one(docs, "Service"), one(docs, "Deployment")
+    svc, dep = one(docs, "Service", "spinf-stream-metrics"), one(docs, "Deployment")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_http_api_asks_for_a_key_of_its_secret_and_its_service_reaches_the_port_it_listens_on(overlay, monkeypatch):
+    docs = render(overlay)
+    secret, svc, dep = one(docs, "Secret", "spinf-stream-api"), one(docs, "Service", "spinf-stream-api"), one(docs, "Deployment")
+    ref = next(e["valueFrom"]["secretKeyRef"] for e in container(docs)["env"] if e["name"] == "SPINF_API_KEYS")
+    assert ref == {"name": "spinf-stream-api", "key": "SPINF_API_KEYS"}
+    for k, v in {**config(docs), "SPINF_API_KEYS": secret["stringData"]["SPINF_API_KEYS"],
+                 "SPINF_SASL_USERNAME": "u", "SPINF_SASL_PASSWORD": "p"}.items():
+        monkeypatch.setenv(k, v)
+    s = RunSettings()
+    assert s.api_key and s.listen_host() == "0.0.0.0"  # with a key: reachable from the Service
+    port = next(p for p in container(docs)["ports"] if p["name"] == "api")
+    assert port["containerPort"] == s.api_port and svc["spec"]["ports"][0]["targetPort"] == "api"
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
 
 
 def test_the_packs_config_map_carries_the_shipped_pack_the_scorer_runs():
@@ -224,7 +255,7 @@ def test_the_trigger_watches_the_scorers_group_topic_and_offset_reset_policy():
     assert meta["offsetResetPolicy"] == env["SPINF_AUTO_OFFSET_RESET"]
     assert meta["limitToPartitionsWithLag"] == "true"
     auth = one(docs, "TriggerAuthentication")
-    secret = one(docs, "Secret")
+    secret = one(docs, "Secret", "spinf-stream-kafka")
     assert keda_trigger()["authenticationRef"]["name"] == auth["metadata"]["name"]
     assert all(r["name"] == secret["metadata"]["name"] and r["key"] in secret["stringData"]
                for r in auth["spec"]["secretTargetRef"])
@@ -250,7 +281,7 @@ def test_the_service_monitor_component_selects_the_metrics_service(tmp_path):
         "components": [os.path.relpath(K8S / "components" / "servicemonitor", tmp_path)],
     }))
     docs = [json.loads(json.dumps(d)) for d in _render(str(tmp_path))]
-    sm, svc = one(docs, "ServiceMonitor"), one(docs, "Service")
+    sm, svc = one(docs, "ServiceMonitor"), one(docs, "Service", "spinf-stream-metrics")
     assert ServiceMonitor.model_validate(sm).model_dump(by_alias=True, exclude_none=True, mode="json") == sm
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
