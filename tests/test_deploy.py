@@ -63,20 +63,6 @@ def test_compose_grafana_provisions_the_prometheus_datasource_and_the_generated_
     json.loads(dashboard.DASHBOARD_FILE.read_text())
 
 
-@pytest.mark.parametrize("service", ["scorer", "scorer-cpu", "scorer-routes"])
-def test_compose_scorers_serve_the_http_api_on_the_hosts_loopback(compose, service, monkeypatch):
-    svc = compose["services"][service]
-    env = {k: str(v) for k, v in svc["environment"].items()}
-    assert env["SPINF_API_KEYS"] == "${SPINF_API_KEYS:-}"  # the host's keys, none by default
-    monkeypatch.delenv("SPINF_API_KEYS", raising=False)
-    fields = {k.removeprefix("SPINF_").lower(): v for k, v in env.items() if k not in ("SPINF_API_KEYS", "SPINF_ROUTES")}
-    settings = RunSettings.model_validate(fields)
-    (published,) = svc["ports"]
-    host, ports, target = published.split(":")
-    assert host == "127.0.0.1" and int(target) == settings.api_port and settings.listen_host() == "0.0.0.0"
-    assert ports.startswith(f"{settings.api_port}-")  # a port per replica under --scale
-
-
 def test_compose_scorer_healthcheck_asks_healthz_on_the_metrics_port(compose):
     scorer = compose["services"]["scorer"]
     port = scorer["environment"]["SPINF_METRICS_PORT"]
