@@ -69,3 +69,60 @@ def test_prompt_trie_shares_prefixes():
     assert nodes == [[0, 1, 2], [0, 1, 3], [0, 1], [4]]
     with pytest.raises(ValueError, match="at least one token"):
         prompt_trie(0, [[1], []])
+
+
+def oracle_greedy(model, ids: list[int], n: int, eos: int | None) -> tuple[list[int], list[float]]:
+    """transformers' greedy writing (``generate(do_sample=False)``, no cache), one token at a time:
+    the written ids (ending before ``eos``) and each one's full-vocabulary logprob."""
+    out, lps = [], []
+    for _ in range(n):
+        lp = oracle_logprobs(model, ids + out)[-1]
+        t = int(torch.argmax(lp))
+        if t == eos:
+            break
+        out.append(t)
+        lps.append(float(lp[t]))
+    return out, lps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_completions_match_transformers(tiny_models, loaded, family):
+    from spinf_stream.engine.reads import CompletionSpec, complete
+
+    path = tiny_models(family)
+    decoder, tok = loaded(path)
+    model = load_hf(str(path))
+    prompts = [tok(QUERY + item).input_ids for item in ITEMS] + [tok("Hello").input_ids]
+    n = 7
+    got = complete(decoder, prompts, CompletionSpec(n, top_n=3), [tok.eos_token_id], tok.decode, token_budget=16)
+    for ids, c in zip(prompts, got, strict=True):
+        want, want_lps = oracle_greedy(model, ids, n, tok.eos_token_id)
+        assert list(c.ids) == want
+        assert list(c.logprobs) == pytest.approx(want_lps, abs=1e-4)
+        assert c.text == tok.decode(want) and c.finish_reason == ("length" if len(want) == n else "stop")
+        for at, top in enumerate(c.top):
+            lp = oracle_logprobs(model, ids + want[:at])[-1]
+            assert top[0][0] == want[at] and [v for _, v in top] == pytest.approx(torch.topk(lp, 3).values.tolist(), abs=1e-4)
+    # a request's numbers are its tree's (its prompts' shared prefix is read once): the budget
+    # and the passes it is cut into change no bit of them
+    assert complete(decoder, prompts, CompletionSpec(n, top_n=3), [tok.eos_token_id], tok.decode, token_budget=4096) == got
+
+
+def test_a_completion_ends_at_the_first_stop_string(tiny_models, loaded):
+    """The text is cut before the stop string that comes first in it, the token holding it is
+    kept among the written ones, and the completion ends there with ``stop``."""
+    from spinf_stream.engine.reads import CompletionSpec, complete
+
+    decoder, tok = loaded(tiny_models("llama"))
+    prompt = tok(QUERY + ITEMS[0]).input_ids
+    free = complete(decoder, [prompt], CompletionSpec(8), [], tok.decode, 64)[0]
+    assert free.finish_reason == "length" and len(free.ids) == 8
+    text = free.text
+    # a stop string beginning inside the written text: the first character of the 3rd token's text on
+    at = len(tok.decode(list(free.ids[:2])))
+    stop = text[at : at + 2]
+    cut = complete(decoder, [prompt], CompletionSpec(8, stops=("never written", stop)), [], tok.decode, 64)[0]
+    assert cut.finish_reason == "stop" and cut.text == text[: text.find(stop)]
+    assert cut.ids == free.ids[: len(cut.ids)] and len(tok.decode(list(cut.ids))) >= text.find(stop) + len(stop)
+    eos = complete(decoder, [prompt], CompletionSpec(8), [free.ids[3]], tok.decode, 64)[0]
+    assert eos.finish_reason == "stop" and eos.ids == free.ids[: free.ids.index(free.ids[3])]

@@ -19,9 +19,9 @@ batch-invariant as a choice (``docs/invariance.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -54,6 +54,35 @@ class ExtractionResult:
 NoneRule = Callable[[float], tuple[float, bool]]
 
 
+class Writer(Protocol):
+    """One branch being written by decode steps (an extraction, or a greedy completion):
+    ``step`` takes the next token from a row's logits and sets ``done`` when it has ended."""
+
+    slot: int
+    question: int
+    base: Branch
+    written: list[int]
+    done: bool
+
+    def step(self, logits: torch.Tensor, lse: torch.Tensor, vocab: Sequence[bytes]) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+class Writers(Protocol):
+    """What a batch writes after its branches' last tokens: ``specs`` maps each written question
+    index to its bounds (each has ``max_tokens``); ``open`` starts one message's (its ``slot``)
+    writing of one question after its branch ``base``."""
+
+    @property
+    def specs(self) -> Mapping[int, Any]: ...
+
+    @property
+    def vocab(self) -> Sequence[bytes]: ...
+
+    def open(self, slot: int, question: int, base: Branch) -> Writer: ...
+
+
 @dataclass
 class Grammars:
     """Each extraction question's grammar over one vocabulary; ``vocab[i]`` token i's bytes."""
@@ -69,6 +98,12 @@ class Grammars:
     def __post_init__(self) -> None:
         for q, x in self.specs.items():
             self.none_starts.setdefault(q, tuple(_none_starts(self.vocab, x.none)) if x.none is not None else ())
+
+    def open(self, slot: int, question: int, base: Branch) -> OpenExtraction:
+        """Question ``question``'s extraction for the message at ``slot``, after ``base``."""
+        g = self.grammars[question]
+        return OpenExtraction(slot, question, self.specs[question], g, base, g.start, self.none_starts[question],
+                              none_rule=self.none_rules.get(question))
 
 
 @dataclass
@@ -226,7 +261,7 @@ def _none_starts(vocab: Sequence[bytes], none: str) -> list[int]:
     return out
 
 
-def decode_work(message: PreparedMessage, o: OpenExtraction) -> Work:
+def decode_work(message: PreparedMessage, o: Writer) -> Work:
     """The work of ``o``'s next decode step: its newest token as a one-token branch, after
     everything before it — the message's content, the question's tokens and the tokens written
     before — as carried content (the question's branch is a chain: its depths are ``0 .. n-1``).

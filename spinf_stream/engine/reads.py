@@ -1,6 +1,6 @@
 """Reading token sequences without a pack: label probabilities after each of several prompts
-(SGLang's and vLLM's item scoring) and every token's log-probability in a prompt (OpenAI's
-``echo`` with ``logprobs``).
+(SGLang's and vLLM's item scoring), every token's log-probability in a prompt (OpenAI's
+``echo`` with ``logprobs``) and greedy completions of prompts (OpenAI's ``max_tokens``).
 
 Both lay a request out as one tree, so the tokens its prompts share are read once:
 
@@ -8,6 +8,8 @@ Both lay a request out as one tree, so the tokens its prompts share are read onc
   prompt's rest one branch, read at its last token for every label token.
 - :func:`prompt_logprobs`: the prompts form a token trie fed as one branch (no content), read
   at every node: the trie's rows are exactly the prompts' rows, each prefix computed once.
+- :func:`complete`: laid out as :func:`label_message`, each prompt's branch then written by
+  the engine's decode steps (:func:`~spinf_stream.engine.runner.run_passes`), keys/values kept.
 
 A request's numbers depend on the request alone (its tree), never on what else shares a pass.
 Prompts are token ids; tokenizing them is the caller's (the API tokenizes each prompt whole).
@@ -15,13 +17,14 @@ Prompts are token ids; tokenizing them is the caller's (the API tokenizes each p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from spinf_stream.engine.layout import build_pass, plan_passes
-from spinf_stream.engine.runner import score_passes
+from spinf_stream.engine.runner import run_passes, score_passes
 from spinf_stream.engine.segment import Branch, PreparedMessage
 from spinf_stream.models.decoder import Decoder
 
@@ -58,14 +61,21 @@ def label_message(index: int, request: LabelRequest) -> PreparedMessage:
     Raises:
         ValueError: no prompts, an empty prompt, or no labels.
     """
-    if not request.prompts or not request.labels:
+    if not request.labels:
         raise ValueError("a label read needs at least one prompt and one label")
-    if any(not p for p in request.prompts):
+    return _prefix_message(index, request.prompts, tuple(((0, t),) for t in request.labels))
+
+
+def _prefix_message(index: int, prompts: Sequence[Sequence[int]], paths: tuple[tuple[tuple[int, int], ...], ...]) -> PreparedMessage:
+    """Content = the prompts' common prefix (leaving each at least one token), branch i = the
+    rest of prompt i (question i), read at its last token for ``paths``."""
+    if not prompts:
+        raise ValueError("a read needs at least one prompt")
+    if any(not p for p in prompts):
         raise ValueError("a prompt of no tokens has no next token to read")
-    shared = min(_common_prefix(request.prompts), min(len(p) for p in request.prompts) - 1)
-    paths = tuple(((0, t),) for t in request.labels)
-    branches = tuple(_chain(i, p[shared:], paths) for i, p in enumerate(request.prompts))
-    return PreparedMessage(index, str(index), tuple(request.prompts[0][:shared]), False, 0, branches)
+    shared = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
+    branches = tuple(_chain(i, p[shared:], paths) for i, p in enumerate(prompts))
+    return PreparedMessage(index, str(index), tuple(prompts[0][:shared]), False, 0, branches)
 
 
 def label_logprobs(decoder: Decoder, requests: Sequence[LabelRequest], token_budget: int) -> list[list[list[float]]]:
@@ -175,3 +185,105 @@ def prompt_logprobs(decoder: Decoder, prompts: Sequence[Sequence[int]], top_n: i
         top: list[tuple[tuple[int, float], ...] | None] = [None] + [tops.get(nodes[i - 1], ()) for i in range(1, len(p))]
         out.append(PromptLogprobs(tuple(p), tuple(token_lps), tuple(top), tops.get(nodes[-1], ()), *greedy[nodes[-1]]))
     return out
+
+
+@dataclass(frozen=True)
+class CompletionSpec:
+    """A greedy completion's bounds: at most ``max_tokens`` tokens (1 or more), ending before an
+    end-of-text id or at the first of ``stops`` in the written text; the ``top_n`` most likely
+    tokens kept at each step."""
+
+    max_tokens: int
+    stops: tuple[str, ...] = ()
+    top_n: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a greedy completion wrote: ``ids`` its tokens (an end-of-text token is not one),
+    ``logprobs`` each one's full-vocabulary log-probability, ``top`` the ``top_n`` most likely
+    ``(token id, logprob)`` at each step, ``text`` the decoded tokens cut before the first stop
+    string, ``finish_reason`` ``stop`` (end-of-text or a stop string) or ``length``."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class OpenCompletion:
+    """One prompt being completed (a :class:`~spinf_stream.engine.decoding.Writer`)."""
+
+    slot: int
+    question: int
+    spec: CompletionSpec
+    base: Branch
+    eos: frozenset[int]
+    decode: Callable[[list[int]], str]
+    written: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Literal["stop", "length"] = "length"
+    done: bool = False
+
+    def step(self, logits: torch.Tensor, lse: torch.Tensor, vocab: Sequence[bytes]) -> None:
+        """The most likely token of ``logits [V]`` fp32 (ties to the lowest id); ``lse`` their logsumexp."""
+        pick = int(torch.argmax(logits))  # the first maximum
+        if pick in self.eos:
+            self.done, self.finish_reason = True, "stop"
+            return
+        if self.spec.top_n:
+            values, ids = torch.topk(logits, min(self.spec.top_n, logits.shape[0]))
+            self.top.append(tuple(zip(ids.tolist(), (values - lse).tolist())))
+        self.written.append(pick)
+        self.logprobs.append(float(logits[pick] - lse))
+        self.text = self.decode(self.written)
+        cut = min((i for i in (self.text.find(s) for s in self.spec.stops if s) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.done, self.finish_reason = True, "stop"
+        elif len(self.written) >= self.spec.max_tokens:
+            self.done = True
+
+    def result(self) -> Completion:
+        return Completion(tuple(self.written), tuple(self.logprobs), tuple(self.top), self.text, self.finish_reason)
+
+
+@dataclass(frozen=True)
+class Completions:
+    """Greedy completions of a request's prompts (question i = prompt i), the
+    :class:`~spinf_stream.engine.decoding.Writers` of :func:`complete`."""
+
+    specs: dict[int, CompletionSpec]
+    eos: frozenset[int]
+    decode: Callable[[list[int]], str]
+    vocab: Sequence[bytes] = ()
+
+    def open(self, slot: int, question: int, base: Branch) -> OpenCompletion:
+        return OpenCompletion(slot, question, self.specs[question], base, self.eos, self.decode)
+
+
+@torch.inference_mode()
+def complete(decoder: Decoder, prompts: Sequence[Sequence[int]], spec: CompletionSpec, eos: Sequence[int],
+             decode: Callable[[list[int]], str], token_budget: int) -> list[Completion]:
+    """Each of ``prompts`` (token ids; one request) completed greedily, as transformers'
+    ``generate(do_sample=False)`` writes: the prompts' shared prefix read once, then one decode
+    step per written token over every open prompt, keys/values kept. ``decode`` turns token ids
+    into text (the tokenizer's); ``eos`` are the end-of-text ids.
+
+    Raises:
+        ValueError: no prompts, an empty prompt, or ``spec.max_tokens < 1``.
+    """
+    if spec.max_tokens < 1:
+        raise ValueError(f"a completion writes at least 1 token, got max_tokens {spec.max_tokens}")
+    message = _prefix_message(0, prompts, ())
+    writers = Completions({i: spec for i in range(len(prompts))}, frozenset(eos), decode)
+    _, written, _ = run_passes(decoder, [message], token_budget, None, 0, [0] * len(prompts), writers)
+    return [written[0][i] for i in range(len(prompts))]

@@ -6,20 +6,17 @@ bare token ids, with nothing but torch, triton and transformers installed).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from spinf_stream.engine.decoding import ExtractionResult, Grammars, OpenExtraction, decode_work
+from spinf_stream.engine.decoding import Writer, Writers, decode_work
 from spinf_stream.engine.layout import PassLayout, Work, build_pass, plan_passes
 from spinf_stream.models.attention import DecodeCarry, DecodeContext
 from spinf_stream.models.decoder import Decoder, LayerKV
 from spinf_stream.engine.segment import PreparedMessage
-
-if TYPE_CHECKING:  # the engine's core runs without pydantic (bench/gpu_check.py)
-    from spinf_stream.packs.pack import Extraction
 
 
 @dataclass(frozen=True)
@@ -79,25 +76,27 @@ def score_passes(
 
 def run_passes(
     decoder: Decoder, prepared: Sequence[PreparedMessage], token_budget: int,
-    prefix: LayerKV | None, preamble_len: int, n_choices: Sequence[int], grammars: Grammars | None = None,
-) -> tuple[list[dict[int, list[float]]], list[dict[int, ExtractionResult]], RunStats]:
-    """:func:`score_passes`, and with ``grammars`` every extraction question's value
-    (:mod:`spinf_stream.engine.decoding`): the first passes read each extraction's answer cue,
+    prefix: LayerKV | None, preamble_len: int, n_choices: Sequence[int], writers: Writers | None = None,
+) -> tuple[list[dict[int, list[float]]], list[dict[int, Any]], RunStats]:
+    """:func:`score_passes`, and with ``writers`` every written question's result (an
+    extraction's value, :mod:`spinf_stream.engine.decoding`, or a greedy completion,
+    :mod:`spinf_stream.engine.reads`): the first passes read each extraction's answer cue,
     then decode steps run until every extraction of the batch has ended. A decode step feeds
     one token per open extraction; the content's and the branch's keys/values are kept from the
     passes that computed them, never recomputed.
 
     Returns:
-        The choice logprob sums, per message ``{question: ExtractionResult}``, and what was computed.
+        The choice logprob sums, per message ``{question: the writer's result}``
+        (``ExtractionResult`` for extractions), and what was computed.
     """
     sums: list[dict[int, list[float]]] = [{} for _ in prepared]
-    extracted: list[dict[int, ExtractionResult]] = [{} for _ in prepared]
+    extracted: list[dict[int, Any]] = [{} for _ in prepared]
     passes = computed = fed = decode_passes = 0
     carried: dict[int, LayerKV] = {}  # slot -> content keys/values kept for later passes
     history: dict[tuple[int, int], LayerKV] = {}  # (slot, question) -> its branch's keys/values so far
     contexts: dict[int, DecodeContext] = {}  # slot -> its content laid out for its decode rows (the back end's)
-    specs = grammars.specs if grammars else {}
-    open_by_slot: dict[int, list[OpenExtraction]] = {}
+    specs = writers.specs if writers else {}
+    open_by_slot: dict[int, list[Writer]] = {}
     plan = plan_passes(prepared, token_budget)
     if specs:  # a message with extractions keeps its content's keys/values for its decode steps
         plan = [[replace(w, keep_kv=True) if w.with_content and _extracts(w.message, specs) else w for w in works]
@@ -128,12 +127,12 @@ def run_passes(
                 (torch.cat((k0, k1)), torch.cat((v0, v1))) for (k0, v0), (k1, v1) in zip(old, kv)]
         return layout, hidden
 
-    def step(hidden: torch.Tensor, tips: list[tuple[OpenExtraction, int]]) -> None:
-        assert grammars is not None
+    def step(hidden: torch.Tensor, tips: list[tuple[Writer, int]]) -> None:
+        assert writers is not None
         rows = torch.tensor([r for _, r in tips], dtype=torch.int64)
         logits, lse = decoder.read_logits(hidden, rows)
         for i, (o, _) in enumerate(tips):
-            o.step(logits[i], lse[i], grammars.vocab)
+            o.step(logits[i], lse[i], writers.vocab)
             if o.done:
                 history.pop((o.slot, o.question), None)
 
@@ -153,10 +152,8 @@ def run_passes(
             for bi, off in zip(w.branches, offsets):
                 b = w.message.branches[bi]
                 if b.question in specs:
-                    assert grammars is not None
-                    g = grammars.grammars[b.question]
-                    o = OpenExtraction(w.slot, b.question, specs[b.question], g, b, g.start,
-                                       grammars.none_starts[b.question], none_rule=grammars.none_rules.get(b.question))
+                    assert writers is not None
+                    o = writers.open(w.slot, b.question, b)
                     open_by_slot.setdefault(w.slot, []).append(o)
                     tips.append((o, off))  # the branch's one read: its last token
         if tips:
@@ -202,11 +199,11 @@ class _Chain(Sequence[DecodeCarry]):
         return DecodeCarry(self.content[layer], self.branch[layer], self.context, layer)
 
 
-def _room(m: PreparedMessage, specs: dict[int, Extraction]) -> int:
+def _room(m: PreparedMessage, specs: Mapping[int, Any]) -> int:
     """Keys a decode row of ``m`` may add after its content: its longest extraction branch, the
     tokens it may write and its own row (a property of the message and the pack alone)."""
     return max((len(b.tokens) + specs[b.question].max_tokens + 1 for b in m.branches if b.question in specs), default=0)
 
 
-def _extracts(m: PreparedMessage, specs: dict[int, object]) -> bool:
+def _extracts(m: PreparedMessage, specs: Mapping[int, object]) -> bool:
     return any(b.question in specs for b in m.branches)
