@@ -105,6 +105,35 @@ def test_completions_echo_logprobs_equal_transformers_through_the_openai_sdk(fam
     greedy = int(torch.argmax(lp))
     assert one.choices[0].text == tok.decode([greedy]) and one.usage.completion_tokens == 1
     assert one.choices[0].logprobs.token_logprobs == pytest.approx([float(lp[greedy])], abs=1e-4)
+    # greedy writing of several tokens, every prompt of the request, with echo: transformers' own
+    many = client.completions.create(model=family, prompt=prompts, max_tokens=6, temperature=0, logprobs=2, echo=True)
+    written = 0
+    for prompt, choice in zip(prompts, many.choices):
+        ids = tok(prompt).input_ids
+        want, want_lps = oracle_greedy(model, ids, 6, tok.eos_token_id)
+        written += len(want)
+        assert choice.text == prompt + tok.decode(want)
+        assert choice.finish_reason == ("length" if len(want) == 6 else "stop")
+        assert choice.logprobs.tokens == [tok.decode([t]) for t in ids + want]
+        assert choice.logprobs.token_logprobs[len(ids):] == pytest.approx(want_lps, abs=1e-4)
+        for at, top in enumerate(choice.logprobs.top_logprobs[len(ids):]):
+            lp = hf_logprobs(model, ids + want[:at])[-1]
+            assert max(top.values()) == pytest.approx(float(lp.max()), abs=1e-4) and 2 <= len(top) <= 3
+    assert many.usage.completion_tokens == written
+
+
+def oracle_greedy(model: Any, ids: list[int], n: int, eos: int | None) -> tuple[list[int], list[float]]:
+    """transformers' greedy writing, a token at a time: the ids written before ``eos`` and their logprobs."""
+    out: list[int] = []
+    lps: list[float] = []
+    for _ in range(n):
+        lp = hf_logprobs(model, ids + out)[-1]
+        t = int(torch.argmax(lp))
+        if t == eos:
+            break
+        out.append(t)
+        lps.append(float(lp[t]))
+    return out, lps
 
 
 def test_vllm_generative_scores_and_token_id_inputs(family_api):
@@ -133,7 +162,8 @@ def test_vllm_generative_scores_and_token_id_inputs(family_api):
     ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [1], "model": "nope"}, "model"),
     ("/v1/generative-scores", {"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 0.7}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "temperature": 1}, "temperature"),
-    ("/v1/completions", {"prompt": "hi"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 257}, "max_tokens"),
+    ("/v1/completions", {"prompt": ["hi", "x " * 1900], "max_tokens": 200}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "stream": True}, "stream"),
     ("/v1/completions", {"prompt": [], "max_tokens": 0}, "prompt"),
@@ -171,36 +201,37 @@ def smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(str(resolve("smollm2-135m").path))
 
 
-def _read(tok: Any, prompt: str, nxt: str | int) -> Any:
-    from spinf_stream.engine.reads import PromptLogprobs
+def _written(tok: Any, text: str, finish: str = "length") -> Any:
+    """A written completion of ``text``'s tokens, each of logprob -0.25 with itself as the top-1."""
+    from spinf_stream.engine.reads import Completion
 
-    ids = tuple(tok(prompt).input_ids)
-    t = nxt if isinstance(nxt, int) else tok(nxt, add_special_tokens=False).input_ids[0]
-    return PromptLogprobs(ids, (None,) + (-1.0,) * (len(ids) - 1), (None,) + (((ids[0], -0.5),),) * (len(ids) - 1),
-                          ((t, -0.25),), t, -0.25)
+    ids = tuple(tok(text, add_special_tokens=False).input_ids)
+    return Completion(ids, (-0.25,) * len(ids), tuple(((t, -0.25),) for t in ids), text, finish)  # type: ignore[arg-type]
 
 
-def test_a_completion_ends_at_a_stop_string_or_the_end_of_text_token(smollm2_tokenizer):
-    """OpenAI's rules for the written token: a stop string cuts the text before it (the stop is not
-    returned) and finishes with ``stop``; so does the end-of-text token; else ``length``."""
+def test_a_choice_shows_the_written_text_its_tokens_and_the_echoed_prompt(smollm2_tokenizer):
+    """OpenAI's layout of a choice: the written text (after the echoed prompt), its tokens each
+    decoded alone with their offsets in the returned text, and the completion's finish reason."""
     from spinf_stream.api.bodies import CompletionRequest
     from spinf_stream.api.completions import _choice
+    from spinf_stream.engine.reads import PromptLogprobs
 
     tok = smollm2_tokenizer
-    body = CompletionRequest(prompt="The answer is", max_tokens=1, logprobs=1, echo=False)
-    plain, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, [])
-    assert (plain.text, plain.finish_reason, n) == (" yes", "length", 1)
-    assert plain.logprobs.tokens == [" yes"] and plain.logprobs.token_logprobs == [-0.25]
-    cut, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, ["s"])
-    assert (cut.text, cut.finish_reason, n) == (" ye", "stop", 1)
-    gone, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"), body, 1, [" "])
-    assert (gone.text, gone.finish_reason, n, gone.logprobs.tokens) == ("", "stop", 0, [])
-    eos, n = _choice(tok, 0, "The answer is", _read(tok, "The answer is", tok.eos_token_id), body, 1, [])
-    assert (eos.text, eos.finish_reason, n) == ("", "stop", 0)
-    echoed, _ = _choice(tok, 0, "The answer is", _read(tok, "The answer is", " yes"),
-                        body.model_copy(update={"echo": True}), 1, [])
+    prompt = tok("The answer is").input_ids
+    body = CompletionRequest(prompt="The answer is", max_tokens=4, logprobs=1, echo=False)
+    plain = _choice(tok, 0, "The answer is", prompt, None, _written(tok, " yes it is"), body)
+    pieces = [tok.decode([t]) for t in tok(" yes it is", add_special_tokens=False).input_ids]
+    assert (plain.text, plain.finish_reason) == (" yes it is", "length")
+    assert plain.logprobs.tokens == pieces and plain.logprobs.token_logprobs == [-0.25] * len(pieces)
+    assert plain.logprobs.text_offset == [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    stopped = _choice(tok, 0, "The answer is", prompt, None, _written(tok, "", "stop"), body)
+    assert (stopped.text, stopped.finish_reason, stopped.logprobs.tokens) == ("", "stop", [])
+    read = PromptLogprobs(tuple(prompt), (None,) + (-1.0,) * (len(prompt) - 1),
+                          (None,) + (((prompt[0], -0.5),),) * (len(prompt) - 1), (), prompt[0], -0.5)
+    echoed = _choice(tok, 0, "The answer is", prompt, read, _written(tok, " yes"), body.model_copy(update={"echo": True}))
     assert echoed.text == "The answer is yes" and echoed.logprobs.token_logprobs[0] is None
     assert echoed.logprobs.text_offset[-1] == len("The answer is")
+    assert len(echoed.logprobs.tokens) == len(prompt) + 1
 
 
 INLINE = """\

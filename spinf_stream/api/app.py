@@ -32,7 +32,7 @@ from spinf_stream.api.bodies import (
     CompletionRequest, CompletionResponse, ErrorResponse, GenerativeScoreRequest, GenerativeScoreResponse, ItemScoreRequest,
     ItemScoreResponse, ModelEntry, ModelsResponse, PackEntry, PacksResponse, ScoreRequest, ScoreResponse, Usage,
 )
-from spinf_stream.api.completions import complete
+from spinf_stream.api.completions import complete_request
 from spinf_stream.api.item_scoring import generative_scores, score_items
 from spinf_stream.api.reads import ModelReads
 from spinf_stream.api.scoring import ApiScoring, BadRequest, QueueFull, UnknownLane
@@ -259,9 +259,9 @@ def create_app(
     @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS, dependencies=[Depends(require_key)])
     async def completions(body: CompletionRequest) -> CompletionResponse:
         """OpenAI's completions, greedy: ``echo`` with ``logprobs`` gives every prompt token's
-        log-probability; ``max_tokens`` 0 or 1."""
+        log-probability; ``max_tokens`` (up to 256) tokens written greedily."""
         assert reads is not None
-        return await guarded(complete(reads, body, max_logprobs))
+        return await guarded(complete_request(reads, body, max_logprobs))
 
     @app.get("/v1/packs", response_model=PacksResponse, responses=ERRORS, dependencies=[Depends(require_key)])
     async def list_packs() -> PacksResponse:

@@ -173,7 +173,7 @@ class CompletionRequest(BaseModel):
     prompt: str | list[str] | TokenIds | list[TokenIds] = Field(description="A prompt or several: text or token ids.")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, description="Alternatives per position (top-N), with the chosen token's.")
-    max_tokens: int | None = Field(16, ge=0, description="Tokens to write greedily (this server writes at most 1).")
+    max_tokens: int | None = Field(16, ge=0, description="Tokens to write greedily, at most 256 (0: score the prompt only).")
     temperature: float | None = Field(None, ge=0, description="0 (or unset): greedy; nothing is sampled.")
     top_p: float | None = None
     n: int | None = Field(1, ge=1)

@@ -1,27 +1,34 @@
 """OpenAI's legacy ``POST /v1/completions``, read greedily: with ``echo`` and ``logprobs`` every
 prompt token's log-probability (how lm-evaluation-harness and classification-by-logprob code
-score choices), and at most one written token (the most likely; ties to the lowest id).
+score choices), and up to ``max_tokens`` written tokens, each the most likely (ties to the
+lowest id), as transformers' ``generate(do_sample=False)`` writes them.
 
 A text prompt is tokenized whole with the tokenizer's special tokens; token ids are read as
-given. The request's prompts are one trie (shared prefixes read once,
-:func:`spinf_stream.engine.reads.prompt_logprobs`). ``tokens`` are each token decoded alone,
-``text_offset`` their character offsets in the returned text's decoded pieces, and
-``top_logprobs[i]`` the top ``logprobs`` tokens at position i with the chosen token's (OpenAI's
-"the most likely tokens, as well as the chosen tokens").
+given. The request's prompts are read in one engine call: their echo as one trie
+(:func:`spinf_stream.engine.reads.prompt_logprobs`), their completions with the shared prefix
+read once and one decode step per written token, keys/values kept
+(:func:`spinf_stream.engine.reads.complete`). A completion ends before the end-of-text token or
+at the first stop string (the text is cut before it; the token holding it is counted, as vLLM
+does). ``tokens`` are each token decoded alone, ``text_offset`` their character offsets in the
+returned text's decoded pieces, and ``top_logprobs[i]`` the top ``logprobs`` tokens at position i
+with the chosen token's (OpenAI's "the most likely tokens, as well as the chosen tokens").
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from spinf_stream.api.bodies import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionUsage
 from spinf_stream.api.reads import BadRequest, ModelReads, tokens_of
-from spinf_stream.engine.reads import PromptLogprobs, prompt_logprobs
+from spinf_stream.engine.reads import Completion, CompletionSpec, PromptLogprobs, complete, prompt_logprobs
+from spinf_stream.packs.pack import MAX_TOKENS_LIMIT
 
-#: tokens this server writes at most (greedy, from the prompt's own read)
-MAX_WRITTEN = 1
+#: tokens written per prompt at most (a pack's extraction bound,
+#: :data:`spinf_stream.packs.pack.MAX_TOKENS_LIMIT`)
+MAX_WRITTEN = MAX_TOKENS_LIMIT
 
 
 def prompts_of(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[tuple[str | None, list[int]]]:
@@ -42,8 +49,8 @@ def check(body: CompletionRequest, max_logprobs: int) -> int:
     if body.temperature not in (None, 0):
         raise BadRequest("temperature", "only greedy reads are served: temperature must be 0 (nothing is sampled)")
     if written > MAX_WRITTEN:
-        raise BadRequest("max_tokens", f"max_tokens {written}: this server writes at most {MAX_WRITTEN} token "
-                         "(set max_tokens to 0 to score the prompt, 1 for its most likely next token; OpenAI's default is 16)")
+        raise BadRequest("max_tokens", f"max_tokens {written}: this server writes at most {MAX_WRITTEN} tokens per prompt "
+                         "(0 scores the prompt alone; OpenAI's default is 16)")
     if body.logprobs is not None and body.logprobs > max_logprobs:
         raise BadRequest("logprobs", f"logprobs {body.logprobs}: at most {max_logprobs} (the server's --api-max-logprobs)")
     for name, value, ok in (("n", body.n, (None, 1)), ("best_of", body.best_of, (None, 1)), ("stream", body.stream, (None, False)),
@@ -59,32 +66,22 @@ def _piece(tokenizer: Any, token: int) -> str:
     return str(tokenizer.decode([token]))
 
 
-def _choice(tokenizer: Any, index: int, text: str | None, read: PromptLogprobs, body: CompletionRequest, written: int,
-            stops: list[str]) -> tuple[CompletionChoice, int]:
+def _choice(tokenizer: Any, index: int, text: str | None, prompt: list[int], read: PromptLogprobs | None,
+            written: Completion | None, body: CompletionRequest) -> CompletionChoice:
     out_tokens: list[int] = []
     out_lps: list[float | None] = []
     out_tops: list[tuple[tuple[int, float], ...] | None] = []
-    if body.echo:
+    if read is not None:  # echo with logprobs
         out_tokens += read.tokens
         out_lps += read.token_logprobs
         out_tops += read.top
-    completion, finish, n_written = "", "length", 0
-    if written:
-        t = read.next_token
-        piece = _piece(tokenizer, t)
-        stopped = t == tokenizer.eos_token_id or any(s and s in piece for s in stops)
-        if stopped:
-            finish = "stop"
-            cut = min((piece.index(s) for s in stops if s and s in piece), default=0)
-            completion = piece[:cut]
-        else:
-            completion = piece
-        if not stopped or completion:
-            n_written = 1
-            out_tokens.append(t)
-            out_lps.append(read.next_logprob)
-            out_tops.append(read.next_top)
-    prompt_text = text if text is not None else str(tokenizer.decode(list(read.tokens)))
+    completion, finish = "", "length"
+    if written is not None:
+        completion, finish = written.text, written.finish_reason
+        out_tokens += written.ids
+        out_lps += written.logprobs
+        out_tops += written.top if body.logprobs else [()] * len(written.ids)
+    prompt_text = text if text is not None else str(tokenizer.decode(prompt))
     full = (prompt_text if body.echo else "") + completion
     logprobs = None
     if body.logprobs is not None:
@@ -103,26 +100,43 @@ def _choice(tokenizer: Any, index: int, text: str | None, read: PromptLogprobs, 
                 entry.setdefault(_piece(tokenizer, tok), lp)
             tops.append(entry)
         logprobs = CompletionLogprobs(tokens=pieces, token_logprobs=out_lps, top_logprobs=tops, text_offset=offsets)
-    return CompletionChoice(index=index, text=full, logprobs=logprobs, finish_reason=finish), n_written  # type: ignore[arg-type]
+    return CompletionChoice(index=index, text=full, logprobs=logprobs, finish_reason=finish)
 
 
-async def complete(reads: ModelReads, body: CompletionRequest, max_logprobs: int) -> CompletionResponse:
+def _read(decoder: Any, prompts: list[list[int]], echo_top_n: int | None, spec: CompletionSpec | None,
+          eos: list[int], decode: Callable[[list[int]], str], token_budget: int,
+          ) -> tuple[list[PromptLogprobs] | None, list[Completion] | None]:
+    """The request's engine call: its prompts' logprobs (``echo_top_n`` not ``None``) and their
+    greedy completions (``spec`` not ``None``)."""
+    echoed = None if echo_top_n is None else prompt_logprobs(decoder, prompts, echo_top_n, token_budget)
+    written = None if spec is None else complete(decoder, prompts, spec, eos, decode, token_budget)
+    return echoed, written
+
+
+async def complete_request(reads: ModelReads, body: CompletionRequest, max_logprobs: int) -> CompletionResponse:
     """OpenAI's completions over the request's prompts. Raises :class:`BadRequest`,
     :class:`~spinf_stream.api.scoring.UnknownLane`, :class:`~spinf_stream.api.scoring.QueueFull`."""
-    written = check(body, max_logprobs)
+    n_write = check(body, max_logprobs)
     lane = reads.lane_for(body.model)
     tok = lane.scorer.tokenizer
     texts, prompts = zip(*prompts_of(tok, body.prompt))
     reads.check_tokens(lane, prompts, "prompt")
-    top_n = body.logprobs or 0
-    got = await reads.run(lane, len(prompts), prompt_logprobs, prompts, top_n, reads.token_budget)
+    context = int(lane.scorer.max_positions)
+    for i, p in enumerate(prompts):
+        if len(p) + n_write > context:
+            where = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+            raise BadRequest("max_tokens", f"{where} is {len(p)} tokens and max_tokens {n_write}: together over the "
+                             f"model's context of {context} tokens")
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    choices, n_written = [], 0
-    for i, (text, read) in enumerate(zip(texts, got)):
-        choice, n = _choice(tok, i, text, read, body, written, stops)
-        choices.append(choice)
-        n_written += n
+    spec = CompletionSpec(n_write, tuple(s for s in stops if s), body.logprobs or 0) if n_write else None
+    eos = [t for t in (tok.eos_token_id,) if t is not None]
+    echo_top_n = (body.logprobs or 0) if body.echo and body.logprobs is not None else None
+    echoed, written = await reads.run(lane, len(prompts), _read, [list(p) for p in prompts], echo_top_n, spec, eos,
+                                      tok.decode, reads.token_budget)
+    choices = [_choice(tok, i, text, list(p), echoed[i] if echoed else None, written[i] if written else None, body)
+               for i, (text, p) in enumerate(zip(texts, prompts))]
     n_prompt = sum(len(p) for p in prompts)
+    n_written = sum(len(c.ids) for c in written or ())
     return CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=lane.model, choices=choices,
                               usage=CompletionUsage(prompt_tokens=n_prompt, completion_tokens=n_written,
                                                     total_tokens=n_prompt + n_written))
