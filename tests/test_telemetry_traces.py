@@ -220,6 +220,35 @@ def test_an_api_request_has_a_server_span_and_its_batch_span_links_to_it():
     assert {link.context.span_id for link in batch.links} == ok
 
 
+def test_a_model_read_request_has_its_engine_calls_batch_span_linked_to_it(tiny_models, loaded):
+    """``/v1/completions`` and ``/v1/score`` (SGLang's shape) read the model without a pack: each
+    request's engine call is a ``spinf.api.batch`` span of the model, linked to that request's
+    server span, and its prompts' queue time is recorded."""
+    import httpx
+    from test_api import serving
+
+    from spinf_stream.config import RunSettings
+    from spinf_stream.engine import Engine
+    from spinf_stream.packs import load_pack
+
+    exporter = InMemorySpanExporter()
+    telemetry = create_telemetry(RunSettings.model_validate({"metrics_port": 0}), span_exporter=exporter, environ={})
+    decoder, tok = loaded(tiny_models("llama"))
+    with serving({"auto": Engine(decoder, tok, load_pack("spam"), "llama")}, telemetry=telemetry) as s:
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": ["a b", "a c"], "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{s.url}/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": [1]}, timeout=60)
+        assert r.status_code == 200, r.text
+    telemetry.providers.shutdown()
+    spans = exporter.get_finished_spans()
+    for route in ("/v1/completions", "/v1/score"):
+        (request,) = [x for x in spans if x.name == f"POST {route}"]
+        (batch,) = [x for x in spans if x.name == "spinf.api.batch"
+                    and [link.context.span_id for link in x.links] == [request.context.span_id]]
+        assert batch.attributes["spinf.model"] == "llama" and request.start_time <= batch.start_time <= batch.end_time <= request.end_time
+    assert [x.attributes["spinf.batch.messages"] for x in spans if x.name == "spinf.api.batch"] == [2, 1]
+
+
 @pytest.mark.parametrize("broken", ["api_batch_started", "api_batch_finished"])
 def test_a_telemetry_hook_that_raises_is_logged_and_the_requests_are_still_answered(broken, monkeypatch, caplog):
     """A broken exporter must not stop the API's batch loop: each request is answered as usual,

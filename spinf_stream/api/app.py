@@ -168,7 +168,7 @@ def create_app(
     ``telemetry``: where requests are reported (:class:`RequestMetrics`; ``None``: nowhere)."""
     if reads is None and scoring is not None:
         reads = ModelReads(list(scoring.lanes.values()), scoring.engine_thread, token_budget=scoring.token_budget,
-                           max_queued=scoring.max_queued)
+                           max_queued=scoring.max_queued, telemetry=telemetry)
     app = FastAPI(title="spinf-stream", version="1", summary="Score messages against prompt packs with a decision model.")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if telemetry is not None:  # outermost: a 413 is counted too

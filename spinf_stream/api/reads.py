@@ -3,16 +3,19 @@ serves them, limits checked before any compute, and the reads run on the engine 
 (:mod:`spinf_stream.engine.reads`), one request per engine call, in turn with the stream's batches.
 
 The number of prompts waiting is bounded: a request that would pass ``max_queued`` is refused
-with :class:`~spinf_stream.api.scoring.QueueFull` (HTTP 429).
+with :class:`~spinf_stream.api.scoring.QueueFull` (HTTP 429). With telemetry, each request's
+engine call is a ``spinf.api.batch`` span linked to the request's span, and each of its prompts
+waited ``spinf.api.queue.duration`` (from the request's call to the engine thread starting it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from spinf_stream.api.scoring import BadRequest, Lane, QueueFull, UnknownLane
+from spinf_stream.api.scoring import BadRequest, Lane, QueueFull, UnknownLane, reported
 from spinf_stream.stream.engine_thread import EngineThread
 
 R = TypeVar("R")
@@ -27,15 +30,18 @@ class ModelReads:
         lanes: the served lanes (their models; the pack is not used).
         token_budget: tokens a request's prompts may hold in all (at least the model's context).
         max_queued: prompts waiting at most.
+        telemetry: where engine calls are reported (``StreamTelemetry``; ``None``: nowhere).
     """
 
-    def __init__(self, lanes: Sequence[Lane], engine_thread: EngineThread, *, token_budget: int, max_queued: int = 4096) -> None:
+    def __init__(self, lanes: Sequence[Lane], engine_thread: EngineThread, *, token_budget: int, max_queued: int = 4096,
+                 telemetry: Any = None) -> None:
         self.models: dict[str, Lane] = {}
         for lane in lanes:
             self.models.setdefault(lane.model, lane)
         self.engine_thread = engine_thread
         self.token_budget = token_budget
         self.max_queued = max_queued
+        self.telemetry = telemetry
         self._queued = 0
 
     def lane_for(self, model: str | None) -> Lane:
@@ -71,14 +77,31 @@ class ModelReads:
         if self._queued + n_prompts > self.max_queued:
             raise QueueFull(f"{self._queued} prompts are queued; {n_prompts} more would pass the bound of {self.max_queued}")
         self._queued += n_prompts
+        t = self.telemetry
+        call = _Call(t, t.request_context() if t is not None else None, time.monotonic(), n_prompts, lane.model)
         try:
-            return await self.engine_thread.run(_with_decoder, lane.scorer, fn, *args)
+            return await self.engine_thread.run(call, lane.scorer, fn, *args)
         finally:
             self._queued -= n_prompts
 
 
-def _with_decoder(scorer: Any, fn: Callable[..., R], *args: Any) -> R:
-    return fn(scorer.loaded_decoder(), *args)
+class _Call:
+    """A request's engine call: ``fn(decoder, *args)`` on the engine thread, reported."""
+
+    def __init__(self, telemetry: Any, request: Any, queued_at: float, n_prompts: int, model: str) -> None:
+        self.telemetry, self.request, self.queued_at, self.n_prompts, self.model = telemetry, request, queued_at, n_prompts, model
+
+    def __call__(self, scorer: Any, fn: Callable[..., R], *args: Any) -> R:
+        t = self.telemetry
+        span = None
+        if t is not None:
+            waited = time.monotonic() - self.queued_at
+            span = reported("api_batch_started", t.api_batch_started, [waited] * self.n_prompts, [self.request], model=self.model)
+        try:
+            return fn(scorer.loaded_decoder(), *args)
+        finally:
+            if t is not None:
+                reported("api_batch_finished", t.api_batch_finished, span)
 
 
 def tokens_of(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:

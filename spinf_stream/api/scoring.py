@@ -283,7 +283,7 @@ class ApiScoring:
             span = None
             if self._telemetry is not None:
                 lane = self.lanes[key]
-                span = _reported("api_batch_started", self._telemetry.api_batch_started, [started - it.queued_at for it in live],
+                span = reported("api_batch_started", self._telemetry.api_batch_started, [started - it.queued_at for it in live],
                                  [it.request for it in live], pack=lane.pack, model=lane.model)
             try:
                 records = await self.engine_thread.run(run_isolating, self.lanes[key].scorer, [it.prepared for it in live])
@@ -295,15 +295,15 @@ class ApiScoring:
                 continue
             finally:
                 if self._telemetry is not None:
-                    _reported("api_batch_finished", self._telemetry.api_batch_finished, span)
+                    reported("api_batch_finished", self._telemetry.api_batch_finished, span)
             if self._on_batch is not None:
-                _reported("on_batch", self._on_batch, key, len(live), loop.time() - started)
+                reported("on_batch", self._on_batch, key, len(live), loop.time() - started)
             for it, rec in zip(live, records):
                 if not it.future.done():
                     it.future.set_result(rec)
 
 
-def _reported(hook: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def reported(hook: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, the telemetry ``hook``: an exception is logged naming it, never
     raised (a broken exporter must not stop the batches; the requests are answered), and gives
     ``None``."""
