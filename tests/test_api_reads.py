@@ -163,6 +163,8 @@ def test_vllm_generative_scores_and_token_id_inputs(family_api):
     ("/v1/generative-scores", {"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 0.7}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "temperature": 1}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 257}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("/v1/completions", {"prompt": ["hi", "x " * 1900], "max_tokens": 200}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0, "stream": True}, "stream"),
@@ -273,3 +275,56 @@ def test_an_inline_pack_is_scored_as_the_same_pack_loaded_offline(tiny_models, l
     with serving({"auto": Engine(decoder, tok, load_pack("spam"), "llama")}, inline_packs=False) as s:
         off = httpx.post(f"{s.url}/v1/score", json={"pack": yaml.load(INLINE, Loader=yaml.BaseLoader), "messages": msgs})
         assert off.status_code == 400 and "--no-api-inline-packs" in error_of(off)["message"]
+
+
+def test_a_long_read_runs_in_steps_with_other_engine_work_between_them():
+    """A read given as a generator runs a step per engine call: work submitted while it runs (a
+    stream batch, another request) runs before its last step, not after it; a read cancelled
+    mid-way runs no further step and its generator is closed."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from spinf_stream.api.reads import ModelReads
+    from spinf_stream.api.scoring import Lane
+    from spinf_stream.stream.engine_thread import EngineThread
+
+    log: list[str] = []
+    first = threading.Event()
+    closed = threading.Event()
+
+    def long_read(decoder: Any, n: int) -> Any:
+        try:
+            for i in range(n):
+                log.append(f"step {i}")
+                first.set()
+                yield
+            return "done"
+        finally:
+            closed.set()
+
+    scorer = SimpleNamespace(loaded_decoder=lambda: None, model_info=SimpleNamespace(name="m"))
+    lane = Lane("spam|auto", "spam", "1", "auto", scorer)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with EngineThread() as engine:
+            reads = ModelReads([lane], engine, token_budget=64)
+            task = asyncio.create_task(reads.run(lane, 1, long_read, 200))
+            await asyncio.to_thread(first.wait, 10)
+            await engine.run(log.append, "other")
+            assert await task == "done" and closed.is_set()
+            assert log.index("other") < log.index("step 199") and len(log) == 201
+            log.clear()
+            first.clear()
+            closed.clear()
+            task = asyncio.create_task(reads.run(lane, 1, long_read, 10**6))
+            await asyncio.to_thread(first.wait, 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(closed.wait, 10)
+            ran = len(log)
+            await engine.run(lambda: None)
+            assert closed.is_set() and len(log) == ran < 10**6 and reads._queued == 0
+
+    asyncio.run(main())

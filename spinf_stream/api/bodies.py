@@ -178,7 +178,7 @@ class CompletionRequest(BaseModel):
     top_p: float | None = None
     n: int | None = Field(1, ge=1)
     best_of: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings; the text ends before the first written.")
     stream: bool | None = False
     seed: int | None = None
     user: str | None = None

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from spinf_stream.api.bodies import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionUsage
 from spinf_stream.api.reads import BadRequest, ModelReads, tokens_of
-from spinf_stream.engine.reads import Completion, CompletionSpec, PromptLogprobs, complete, prompt_logprobs
+from spinf_stream.engine.reads import Completion, CompletionSpec, PromptLogprobs, complete_steps, prompt_logprobs
 from spinf_stream.packs.pack import MAX_TOKENS_LIMIT
 
 #: tokens written per prompt at most (a pack's extraction bound,
 #: :data:`spinf_stream.packs.pack.MAX_TOKENS_LIMIT`)
 MAX_WRITTEN = MAX_TOKENS_LIMIT
+#: stop strings per request at most (OpenAI's bound)
+MAX_STOPS = 4
 
 
 def prompts_of(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[tuple[str | None, list[int]]]:
@@ -57,8 +59,11 @@ def check(body: CompletionRequest, max_logprobs: int) -> int:
                             ("suffix", body.suffix, (None, "")), ("top_p", body.top_p, (None, 1))):
         if value not in ok:
             raise BadRequest(name, f"{name} {value!r} is not served (greedy, one choice per prompt, no streaming)")
-    if body.logit_bias or body.presence_penalty or body.frequency_penalty:
-        raise BadRequest("logit_bias", "logit_bias and penalties are not served: reads are the model's own")
+    for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise BadRequest(name, f"{name} is not served: reads are the model's own")
+    if isinstance(body.stop, list) and len(body.stop) > MAX_STOPS:
+        raise BadRequest("stop", f"stop holds {len(body.stop)} strings; at most {MAX_STOPS}, as OpenAI's")
     return written
 
 
@@ -105,11 +110,15 @@ def _choice(tokenizer: Any, index: int, text: str | None, prompt: list[int], rea
 
 def _read(decoder: Any, prompts: list[list[int]], echo_top_n: int | None, spec: CompletionSpec | None,
           eos: list[int], decode: Callable[[list[int]], str], token_budget: int,
-          ) -> tuple[list[PromptLogprobs] | None, list[Completion] | None]:
-    """The request's engine call: its prompts' logprobs (``echo_top_n`` not ``None``) and their
-    greedy completions (``spec`` not ``None``)."""
+          ) -> Generator[None, None, tuple[list[PromptLogprobs] | None, list[Completion] | None]]:
+    """The request's engine work, in steps (:meth:`~spinf_stream.api.reads.ModelReads.run` runs
+    other work between them): its prompts' logprobs (``echo_top_n`` not ``None``), then their
+    greedy completions (``spec`` not ``None``), a step per forward pass."""
     echoed = None if echo_top_n is None else prompt_logprobs(decoder, prompts, echo_top_n, token_budget)
-    written = None if spec is None else complete(decoder, prompts, spec, eos, decode, token_budget)
+    written = None
+    if spec is not None:
+        yield
+        written = yield from complete_steps(decoder, prompts, spec, eos, decode, token_budget)
     return echoed, written
 
 

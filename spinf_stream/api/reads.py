@@ -1,6 +1,7 @@
 """Requests read by a model without a pack (item scoring, completions): the lane whose model
 serves them, limits checked before any compute, and the reads run on the engine thread
-(:mod:`spinf_stream.engine.reads`), one request per engine call, in turn with the stream's batches.
+(:mod:`spinf_stream.engine.reads`), a request's work as engine calls of its own (a completion's
+as one per forward pass), in turn with the stream's batches and other requests.
 
 The number of prompts waiting is bounded: a request that would pass ``max_queued`` is refused
 with :class:`~spinf_stream.api.scoring.QueueFull` (HTTP 429). With telemetry, each request's
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from spinf_stream.api.scoring import BadRequest, Lane, QueueFull, UnknownLane, reported
@@ -71,37 +72,79 @@ class ModelReads:
         if total > bound:
             raise BadRequest(param, f"the request's prompts hold {total} tokens; at most {bound} per request")
 
-    async def run(self, lane: Lane, n_prompts: int, fn: Callable[..., R], *args: Any) -> R:
+    async def run(self, lane: Lane, n_prompts: int, fn: Callable[..., R | Generator[None, None, R]], *args: Any) -> R:
         """``fn(decoder, *args)`` on the engine thread with ``lane``'s decoder (loaded if need be).
-        Raises :class:`QueueFull`. Cancelling the call drops it if it has not started."""
+        When ``fn`` returns a generator, each of its steps is an engine call of its own, queued
+        behind whatever was submitted meanwhile (stream batches, other requests), so a long read
+        never holds the engine for its whole length; its return value is the result.
+        Raises :class:`QueueFull`. Cancelling the call drops the steps that have not started."""
         if self._queued + n_prompts > self.max_queued:
             raise QueueFull(f"{self._queued} prompts are queued; {n_prompts} more would pass the bound of {self.max_queued}")
         self._queued += n_prompts
         t = self.telemetry
         call = _Call(t, t.request_context() if t is not None else None, time.monotonic(), n_prompts, lane.model)
         try:
-            return await self.engine_thread.run(call, lane.scorer, fn, *args)
+            done, value = await self.engine_thread.run(call.start, lane.scorer, fn, *args)
+            while not done:
+                done, value = await self.engine_thread.run(call.step)
+            return value  # type: ignore[return-value]
         finally:
             self._queued -= n_prompts
+            if not call.finished:  # cancelled (a timeout, a closed connection) with steps left
+                try:
+                    self.engine_thread.submit(call.close)  # on the engine thread: a step may be running
+                except RuntimeError:  # the engine thread is closed: nothing runs the steps any more
+                    pass
 
 
 class _Call:
-    """A request's engine call: ``fn(decoder, *args)`` on the engine thread, reported."""
+    """A request's engine work on the engine thread, step by step, reported: one
+    ``spinf.api.batch`` span from its first step to its last."""
 
     def __init__(self, telemetry: Any, request: Any, queued_at: float, n_prompts: int, model: str) -> None:
         self.telemetry, self.request, self.queued_at, self.n_prompts, self.model = telemetry, request, queued_at, n_prompts, model
+        self.steps: Generator[None, None, Any] | None = None
+        self.span: Any = None
+        self.finished = False
 
-    def __call__(self, scorer: Any, fn: Callable[..., R], *args: Any) -> R:
+    def start(self, scorer: Any, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         t = self.telemetry
-        span = None
         if t is not None:
             waited = time.monotonic() - self.queued_at
-            span = reported("api_batch_started", t.api_batch_started, [waited] * self.n_prompts, [self.request], model=self.model)
+            self.span = reported("api_batch_started", t.api_batch_started, [waited] * self.n_prompts, [self.request],
+                                 model=self.model)
         try:
-            return fn(scorer.loaded_decoder(), *args)
-        finally:
-            if t is not None:
-                reported("api_batch_finished", t.api_batch_finished, span)
+            out = fn(scorer.loaded_decoder(), *args)
+        except BaseException:
+            self.close()
+            raise
+        if not isinstance(out, Generator):
+            self.close()
+            return True, out
+        self.steps = out
+        return self.step()
+
+    def step(self) -> tuple[bool, Any]:
+        assert self.steps is not None
+        try:
+            next(self.steps)
+        except StopIteration as done:
+            self.close()
+            return True, done.value
+        except BaseException:
+            self.close()
+            raise
+        return False, None
+
+    def close(self) -> None:
+        """End the span and drop the steps not run (idempotent)."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.steps is not None:
+            self.steps.close()
+        if self.telemetry is not None:
+            reported("api_batch_finished", self.telemetry.api_batch_finished, self.span)
 
 
 def tokens_of(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:

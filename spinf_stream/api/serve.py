@@ -177,7 +177,7 @@ class ApiBeside:
         self.scoring.start()
         await self.server.start()
         warn_if_open(self.settings)
-        log.info("HTTP API on http://%s:%d (POST /v1/score, GET /v1/packs, /v1/models)",
+        log.info("HTTP API on http://%s:%d (POST /v1/score, /v1/completions, GET /v1/packs, /v1/models)",
                  self.settings.listen_host(), self.server.port)
 
     async def stop(self) -> None:

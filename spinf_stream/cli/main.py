@@ -71,7 +71,7 @@ class SpinfStream(BaseSettings):
     labels: CliSubCommand[LabelsCommand] = Field(description="write a pack's labelled rows from its data sets")
     run: CliSubCommand[RunCommand] = Field(description="score Kafka topics (the service)")
     dev: CliSubCommand[DevCommand] = Field(description="run the scorer on an embedded broker (Tansu)")
-    serve: CliSubCommand[ServeCommand] = Field(description="serve the HTTP scoring API alone (no Kafka)")
+    serve: CliSubCommand[ServeCommand] = Field(description="serve the HTTP API alone (no Kafka): /v1/score, /v1/completions")
     produce: CliSubCommand[ProduceCommand] = Field(description="publish a JSON Lines file to a topic")
     consume: CliSubCommand[ConsumeCommand] = Field(description="print a topic's records as JSON lines")
     packs: CliSubCommand[PacksCommand] = Field(description="list the packs, or show one's questions, prompt and tokens")

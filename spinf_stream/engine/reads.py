@@ -17,14 +17,14 @@ Prompts are token ids; tokenizing them is the caller's (the API tokenizes each p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from spinf_stream.engine.layout import build_pass, plan_passes
-from spinf_stream.engine.runner import run_passes, score_passes
+from spinf_stream.engine.runner import drain, iter_passes, score_passes
 from spinf_stream.engine.segment import Branch, PreparedMessage
 from spinf_stream.models.decoder import Decoder
 
@@ -270,13 +270,21 @@ class Completions:
         return OpenCompletion(slot, question, self.specs[question], base, self.eos, self.decode)
 
 
-@torch.inference_mode()
 def complete(decoder: Decoder, prompts: Sequence[Sequence[int]], spec: CompletionSpec, eos: Sequence[int],
              decode: Callable[[list[int]], str], token_budget: int) -> list[Completion]:
+    """:func:`complete_steps` run to its end."""
+    return drain(complete_steps(decoder, prompts, spec, eos, decode, token_budget))
+
+
+def complete_steps(decoder: Decoder, prompts: Sequence[Sequence[int]], spec: CompletionSpec, eos: Sequence[int],
+                   decode: Callable[[list[int]], str], token_budget: int) -> Generator[None, None, list[Completion]]:
     """Each of ``prompts`` (token ids; one request) completed greedily, as transformers'
     ``generate(do_sample=False)`` writes: the prompts' shared prefix read once, then one decode
     step per written token over every open prompt, keys/values kept. ``decode`` turns token ids
     into text (the tokenizer's); ``eos`` are the end-of-text ids.
+
+    A generator that yields after each forward pass (:func:`~spinf_stream.engine.runner.iter_passes`;
+    each step runs under ``torch.inference_mode``) and returns one completion per prompt.
 
     Raises:
         ValueError: no prompts, an empty prompt, or ``spec.max_tokens < 1``.
@@ -285,5 +293,12 @@ def complete(decoder: Decoder, prompts: Sequence[Sequence[int]], spec: Completio
         raise ValueError(f"a completion writes at least 1 token, got max_tokens {spec.max_tokens}")
     message = _prefix_message(0, prompts, ())
     writers = Completions({i: spec for i in range(len(prompts))}, frozenset(eos), decode)
-    _, written, _ = run_passes(decoder, [message], token_budget, None, 0, [0] * len(prompts), writers)
-    return [written[0][i] for i in range(len(prompts))]
+    steps = iter_passes(decoder, [message], token_budget, None, 0, [0] * len(prompts), writers)
+    while True:
+        with torch.inference_mode():
+            try:
+                next(steps)
+            except StopIteration as done:
+                _, written, _ = done.value
+                return [written[0][i] for i in range(len(prompts))]
+        yield

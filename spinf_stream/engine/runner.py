@@ -6,9 +6,9 @@ bare token ids, with nothing but torch, triton and transformers installed).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +17,8 @@ from spinf_stream.engine.layout import PassLayout, Work, build_pass, plan_passes
 from spinf_stream.models.attention import DecodeCarry, DecodeContext
 from spinf_stream.models.decoder import Decoder, LayerKV
 from spinf_stream.engine.segment import PreparedMessage
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,31 @@ def score_passes(
     return sums, stats
 
 
+#: What :func:`run_passes` returns: the choice logprob sums, the writers' results, the stats.
+PassResults = tuple[list[dict[int, list[float]]], list[dict[int, Any]], RunStats]
+
+
 def run_passes(
     decoder: Decoder, prepared: Sequence[PreparedMessage], token_budget: int,
     prefix: LayerKV | None, preamble_len: int, n_choices: Sequence[int], writers: Writers | None = None,
-) -> tuple[list[dict[int, list[float]]], list[dict[int, Any]], RunStats]:
+) -> PassResults:
+    """:func:`iter_passes` run to its end."""
+    return drain(iter_passes(decoder, prepared, token_budget, prefix, preamble_len, n_choices, writers))
+
+
+def drain(steps: Generator[None, None, R]) -> R:
+    """Run a generator of passes (:func:`iter_passes`) to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def iter_passes(
+    decoder: Decoder, prepared: Sequence[PreparedMessage], token_budget: int,
+    prefix: LayerKV | None, preamble_len: int, n_choices: Sequence[int], writers: Writers | None = None,
+) -> Generator[None, None, PassResults]:
     """:func:`score_passes`, and with ``writers`` every written question's result (an
     extraction's value, :mod:`spinf_stream.engine.decoding`, or a greedy completion,
     :mod:`spinf_stream.engine.reads`): the first passes read each extraction's answer cue,
@@ -85,9 +108,10 @@ def run_passes(
     one token per open extraction; the content's and the branch's keys/values are kept from the
     passes that computed them, never recomputed.
 
-    Returns:
-        The choice logprob sums, per message ``{question: the writer's result}``
-        (``ExtractionResult`` for extractions), and what was computed.
+    A generator that yields after each forward pass (so a caller may run other work between
+    them, as the HTTP API does between a long completion's decode steps) and returns the choice
+    logprob sums, per message ``{question: the writer's result}`` (``ExtractionResult`` for
+    extractions), and what was computed.
     """
     sums: list[dict[int, list[float]]] = [{} for _ in prepared]
     extracted: list[dict[int, Any]] = [{} for _ in prepared]
@@ -158,6 +182,7 @@ def run_passes(
                     tips.append((o, off))  # the branch's one read: its last token
         if tips:
             step(hidden, tips)
+        yield
         for w in works:
             if w.last and w.slot not in open_by_slot:
                 carried.pop(w.slot, None)
@@ -180,6 +205,7 @@ def run_passes(
             layout, hidden = forward(works, chains)
             decode_passes += 1
             step(hidden, [(o, offsets[0]) for o, offsets in zip(group, layout.read_offsets)])
+            yield
     return sums, extracted, RunStats(passes, computed, fed, decode_passes,
                                      sum(o.tokens for per in extracted for o in per.values()))
 
