@@ -5,6 +5,7 @@ against transformers run on each prompt alone (fp32, eager attention)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -163,6 +164,9 @@ def test_vllm_generative_scores_and_token_id_inputs(family_api):
     ("/v1/generative-scores", {"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 0.7}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "temperature": 1}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 257}, "max_tokens"),
+    ("/v1/completions", {"prompt": ["ok", "abc\udfff"], "max_tokens": 1}, None),
+    ("/v1/score", {"query": "Is \ud800 spam?", "items": ["a"], "label_token_ids": [1]}, None),
+    ("/v1/score", {"pack": "spam", "messages": [{"text": "hi \ud800"}]}, None),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "presence_penalty": 0.5}, "presence_penalty"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("/v1/completions", {"prompt": ["hi", "x " * 1900], "max_tokens": 200}, "max_tokens"),
@@ -173,9 +177,11 @@ def test_vllm_generative_scores_and_token_id_inputs(family_api):
 ])
 def test_bad_reads_get_a_400_or_404_naming_the_parameter(family_api, path, body, param):
     url, _, _ = family_api("llama")
-    r = httpx.post(f"{url}{path}", json=body, timeout=60)
+    r = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == (404 if param == "model" else 400), r.text
     assert error_of(r)["param"] == param, r.text
+    if param is None:  # a lone surrogate: valid JSON, not Unicode text
+        assert "lone surrogate" in error_of(r)["message"], r.text
 
 
 @pytest.mark.real_model
@@ -328,3 +334,39 @@ def test_a_long_read_runs_in_steps_with_other_engine_work_between_them():
             assert closed.is_set() and len(log) == ran < 10**6 and reads._queued == 0
 
     asyncio.run(main())
+
+
+def test_a_completion_whose_client_disconnects_runs_no_further_step(family_api, monkeypatch):
+    """A client that closes its connection mid-completion: its engine steps stop within a poll,
+    not at the end of its ``max_tokens``; the server answers the next request as usual."""
+    import socket
+    import threading
+    import time
+
+    from spinf_stream.api import reads
+
+    url, _, _ = family_api("llama")
+    steps = []
+    real_step = reads._Call.step
+
+    def slow_step(self: Any) -> Any:  # 20 ms a step: 256 steps would take over 5 s
+        steps.append(threading.get_ident())
+        time.sleep(0.02)
+        return real_step(self)
+
+    monkeypatch.setattr(reads._Call, "step", slow_step)
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": ["one two", "one three"], "max_tokens": 256}).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 30
+        while len(steps) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(steps) >= 5
+    time.sleep(1.0)
+    ran = len(steps)
+    time.sleep(1.0)
+    assert len(steps) == ran < 150, f"{ran} steps, then {len(steps)}: the completion went on without its client"
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2

@@ -55,7 +55,10 @@ AnyScoreRequest = Annotated[
 log = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-               413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
+               413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
+               504: "timeout_error"}
+#: seconds between checks that a model read's client is still connected
+DISCONNECT_POLL_S = 0.1
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 504)}
 
 
@@ -70,6 +73,35 @@ class ApiError(Exception):
 def error_response(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"type": ERROR_TYPES.get(status, "server_error"), "message": message, "param": param}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+class ClientGone(Exception):
+    """The request's client disconnected before its answer."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``, cancelled (raising :class:`ClientGone`) when ``request``'s client disconnects:
+    a model read's engine steps stop with it (:meth:`~spinf_stream.api.reads.ModelReads.run`)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the request's timeout, or the server stopping
+        task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone
 
 
 class BodyLimit:
@@ -207,11 +239,14 @@ def create_app(
         log.error("API request failed: %s", type(exc).__name__, exc_info=exc)
         return error_response(500, f"internal error ({type(exc).__name__})")
 
-    async def guarded(work: Awaitable[T]) -> T:
-        """``work`` with the request's timeout, its failures as API errors."""
+    async def guarded(work: Awaitable[T], request: Request | None = None) -> T:
+        """``work`` with the request's timeout, its failures as API errors; with ``request``,
+        dropped (what has not run) as soon as its client disconnects (499, nginx's code)."""
         try:
             async with asyncio.timeout(timeout_s):
-                return await work
+                return await (work if request is None else _unless_disconnected(request, work))
+        except ClientGone:
+            raise ApiError(499, "the client closed the connection; what had not run was dropped") from None
         except BadRequest as e:
             raise ApiError(400, str(e), e.param) from None
         except UnknownLane as e:
@@ -222,13 +257,13 @@ def create_app(
             raise ApiError(504, f"the request took over {timeout_s:g} s; what had not run was dropped") from None
 
     @app.post("/v1/score", response_model=ScoreResponse | ItemScoreResponse, responses=ERRORS, dependencies=[Depends(require_key)])
-    async def score(body: AnyScoreRequest) -> ScoreResponse | ItemScoreResponse:
+    async def score(body: AnyScoreRequest, request: Request) -> ScoreResponse | ItemScoreResponse:
         """Score each message against a pack (spinf's shape: ``pack``, ``messages``; one record
         per message, in order), or each item after a query (SGLang's shape: ``query``, ``items``,
         ``label_token_ids``; ``scores[item][label]``)."""
         if isinstance(body, ItemScoreRequest):
             assert reads is not None
-            return await guarded(score_items(reads, body))
+            return await guarded(score_items(reads, body), request)
         return await score_messages(body)
 
     async def score_messages(body: ScoreRequest) -> ScoreResponse:
@@ -247,21 +282,21 @@ def create_app(
 
     @app.post("/v1/generative-scores", response_model=GenerativeScoreResponse, responses=ERRORS,
               dependencies=[Depends(require_key)])
-    async def generative_scoring(body: GenerativeScoreRequest) -> GenerativeScoreResponse:
+    async def generative_scoring(body: GenerativeScoreRequest, request: Request) -> GenerativeScoreResponse:
         """vLLM's generative scores: each label token's probability after ``query + item``
         (softmax over the labels by default), per item."""
         assert reads is not None
-        return await guarded(generative_scores(reads, body))
+        return await guarded(generative_scores(reads, body), request)
 
     app.add_api_route("/generative_scoring", generative_scoring, methods=["POST"], response_model=GenerativeScoreResponse,
                       responses=ERRORS, dependencies=[Depends(require_key)])
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS, dependencies=[Depends(require_key)])
-    async def completions(body: CompletionRequest) -> CompletionResponse:
+    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse:
         """OpenAI's completions, greedy: ``echo`` with ``logprobs`` gives every prompt token's
         log-probability; ``max_tokens`` (up to 256) tokens written greedily."""
         assert reads is not None
-        return await guarded(complete_request(reads, body, max_logprobs))
+        return await guarded(complete_request(reads, body, max_logprobs), request)
 
     @app.get("/v1/packs", response_model=PacksResponse, responses=ERRORS, dependencies=[Depends(require_key)])
     async def list_packs() -> PacksResponse:

@@ -5,10 +5,42 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class ScoreRequest(BaseModel):
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """Where a JSON value holds a string with a lone surrogate (``"\\ud800"``: valid JSON, not
+    Unicode text, which no tokenizer reads): a dotted path, ``None`` when nowhere."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = lone_surrogate_at(key, path or "body") if isinstance(key, str) else None
+        where = where or lone_surrogate_at(item, f"{path}.{key}" if path else str(key))
+        if where:
+            return where
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: unknown fields refused, every string Unicode text (no lone surrogate)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_text(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where:
+            raise ValueError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not Unicode text")
+        return data
+
+
+class ScoreRequest(RequestBody):
     """``POST /v1/score``: score ``messages`` against ``pack``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -95,7 +127,7 @@ class ErrorResponse(BaseModel):
 TokenIds = list[int]
 
 
-class ItemScoreRequest(BaseModel):
+class ItemScoreRequest(RequestBody):
     """``POST /v1/score`` in SGLang's shape: the probability of each ``label_token_ids`` token
     right after ``query + item`` (``item + query`` with ``item_first``), for each item. Text is
     tokenized whole, with the tokenizer's special tokens; token ids are joined as given."""
@@ -127,7 +159,7 @@ class ItemScoreResponse(BaseModel):
     object: Literal["scoring"] = "scoring"
 
 
-class GenerativeScoreRequest(BaseModel):
+class GenerativeScoreRequest(RequestBody):
     """``POST /v1/generative-scores``, vLLM's shape: as :class:`ItemScoreRequest`, with softmax over
     the labels on by default and ``add_special_tokens``; sampling fields are accepted at their
     scoring values only (greedy: temperature 0 or null, top_k 0, top_p 1)."""
@@ -164,7 +196,7 @@ class GenerativeScoreResponse(BaseModel):
 # -- OpenAI's /v1/completions -----------------------------------------------------------------
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(RequestBody):
     """``POST /v1/completions``, OpenAI's legacy completions, read greedily: ``echo`` with
     ``logprobs`` gives every prompt token's log-probability (``max_tokens: 0`` scores only)."""
 

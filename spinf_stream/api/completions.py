@@ -16,6 +16,8 @@ with the chosen token's (OpenAI's "the most likely tokens, as well as the chosen
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 import uuid
 from collections.abc import Callable, Generator
@@ -101,8 +103,8 @@ def _choice(tokenizer: Any, index: int, text: str | None, prompt: list[int], rea
                 tops.append(None)
                 continue
             entry = {_piece(tokenizer, i): v for i, v in top}
-            if lp is not None:
-                entry.setdefault(_piece(tokenizer, tok), lp)
+            if lp is not None:  # the chosen token's own value, also where pieces collide (partial UTF-8 decodes to "\ufffd")
+                entry[_piece(tokenizer, tok)] = lp
             tops.append(entry)
         logprobs = CompletionLogprobs(tokens=pieces, token_logprobs=out_lps, top_logprobs=tops, text_offset=offsets)
     return CompletionChoice(index=index, text=full, logprobs=logprobs, finish_reason=finish)
@@ -128,7 +130,7 @@ async def complete_request(reads: ModelReads, body: CompletionRequest, max_logpr
     n_write = check(body, max_logprobs)
     lane = reads.lane_for(body.model)
     tok = lane.scorer.tokenizer
-    texts, prompts = zip(*prompts_of(tok, body.prompt))
+    texts, prompts = zip(*await asyncio.to_thread(prompts_of, tok, body.prompt))  # off the event loop
     reads.check_tokens(lane, prompts, "prompt")
     context = int(lane.scorer.max_positions)
     for i, p in enumerate(prompts):

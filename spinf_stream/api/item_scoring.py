@@ -12,6 +12,8 @@ softmax, ``add_special_tokens``) and in the response (SGLang: ``scores[item][lab
 
 from __future__ import annotations
 
+import asyncio
+
 import math
 import time
 import uuid
@@ -55,7 +57,7 @@ async def _read(reads: ModelReads, model: str | None, query: Any, items: Any, la
     bad = next((t for t in labels if not 0 <= t < vocab), None)
     if bad is not None:
         raise BadRequest("label_token_ids", f"label token id {bad} is outside the vocabulary (0..{vocab - 1})")
-    prompts = item_prompts(tok, query, items, item_first, add_special_tokens)
+    prompts = await asyncio.to_thread(item_prompts, tok, query, items, item_first, add_special_tokens)  # off the event loop
     reads.check_tokens(lane, prompts, "items")
     request = LabelRequest(tuple(tuple(p) for p in prompts), tuple(labels))
     (per_item,) = await reads.run(lane, len(prompts), label_logprobs, [request], reads.token_budget)
