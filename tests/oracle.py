@@ -208,3 +208,24 @@ def load_hf(model_dir: str) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
+
+
+def next_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
+    """``[len(ids), V]`` float64 log-softmax of transformers' logits at every position."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+
+def greedy_writing(model: Any, ids: list[int], n: int, eos: int | None) -> tuple[list[int], list[float]]:
+    """transformers' greedy writing (``generate(do_sample=False)``, no cache), one token at a time:
+    the ids written before ``eos`` (at most ``n``) and each one's full-vocabulary logprob."""
+    out: list[int] = []
+    lps: list[float] = []
+    for _ in range(n):
+        lp = next_logprobs(model, ids + out)[-1]
+        t = int(torch.argmax(lp))
+        if t == eos:
+            break
+        out.append(t)
+        lps.append(float(lp[t]))
+    return out, lps

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from oracle import load_hf
+from oracle import greedy_writing, load_hf, next_logprobs
 from test_api import error_of, serving
 
 from spinf_stream.engine import Engine
@@ -23,17 +23,11 @@ QUERY = "Is the following message spam? Reply yes or no.\nMessage: "
 ITEMS = ["WINNER!! Claim your prize now, call 0800 123", "see you at lunch tomorrow?", "ok"]
 
 
-def hf_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
-    """``[len(ids), V]`` float64 log-softmax of transformers' logits at every position."""
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
-
-
 def oracle_scores(model: Any, tok: Any, query: str, items: list[str], labels: list[int], softmax: bool, item_first: bool) -> list[list[float]]:
     """SGLang's definition: the label tokens' next-token probabilities after the whole prompt."""
     out = []
     for item in items:
-        lp = hf_logprobs(model, tok(item + query if item_first else query + item).input_ids)[-1]
+        lp = next_logprobs(model, tok(item + query if item_first else query + item).input_ids)[-1]
         picked = lp[labels]
         out.append((torch.softmax(picked, 0) if softmax else picked.exp()).tolist())
     return out
@@ -90,7 +84,7 @@ def test_completions_echo_logprobs_equal_transformers_through_the_openai_sdk(fam
     assert got.object == "text_completion" and len(got.choices) == len(prompts)
     for prompt, choice in zip(prompts, got.choices):
         ids = tok(prompt).input_ids
-        lp = hf_logprobs(model, ids)
+        lp = next_logprobs(model, ids)
         assert choice.text == prompt and choice.finish_reason == "length"
         assert choice.logprobs.token_logprobs[0] is None
         assert choice.logprobs.token_logprobs[1:] == pytest.approx([float(lp[i - 1, ids[i]]) for i in range(1, len(ids))], abs=1e-4)
@@ -102,7 +96,7 @@ def test_completions_echo_logprobs_equal_transformers_through_the_openai_sdk(fam
     assert got.usage.prompt_tokens == sum(len(tok(p).input_ids) for p in prompts) and got.usage.completion_tokens == 0
     one = client.completions.create(model=family, prompt=prompts[0], max_tokens=1, temperature=0, logprobs=0)
     ids = tok(prompts[0]).input_ids
-    lp = hf_logprobs(model, ids)[-1]
+    lp = next_logprobs(model, ids)[-1]
     greedy = int(torch.argmax(lp))
     assert one.choices[0].text == tok.decode([greedy]) and one.usage.completion_tokens == 1
     assert one.choices[0].logprobs.token_logprobs == pytest.approx([float(lp[greedy])], abs=1e-4)
@@ -111,30 +105,16 @@ def test_completions_echo_logprobs_equal_transformers_through_the_openai_sdk(fam
     written = 0
     for prompt, choice in zip(prompts, many.choices):
         ids = tok(prompt).input_ids
-        want, want_lps = oracle_greedy(model, ids, 6, tok.eos_token_id)
+        want, want_lps = greedy_writing(model, ids, 6, tok.eos_token_id)
         written += len(want)
         assert choice.text == prompt + tok.decode(want)
         assert choice.finish_reason == ("length" if len(want) == 6 else "stop")
         assert choice.logprobs.tokens == [tok.decode([t]) for t in ids + want]
         assert choice.logprobs.token_logprobs[len(ids):] == pytest.approx(want_lps, abs=1e-4)
         for at, top in enumerate(choice.logprobs.top_logprobs[len(ids):]):
-            lp = hf_logprobs(model, ids + want[:at])[-1]
+            lp = next_logprobs(model, ids + want[:at])[-1]
             assert max(top.values()) == pytest.approx(float(lp.max()), abs=1e-4) and 2 <= len(top) <= 3
     assert many.usage.completion_tokens == written
-
-
-def oracle_greedy(model: Any, ids: list[int], n: int, eos: int | None) -> tuple[list[int], list[float]]:
-    """transformers' greedy writing, a token at a time: the ids written before ``eos`` and their logprobs."""
-    out: list[int] = []
-    lps: list[float] = []
-    for _ in range(n):
-        lp = hf_logprobs(model, ids + out)[-1]
-        t = int(torch.argmax(lp))
-        if t == eos:
-            break
-        out.append(t)
-        lps.append(float(lp[t]))
-    return out, lps
 
 
 def test_vllm_generative_scores_and_token_id_inputs(family_api):
@@ -147,7 +127,7 @@ def test_vllm_generative_scores_and_token_id_inputs(family_api):
     got = r.json()
     assert got["object"] == "generative_score" and [x["index"] for x in got["results"]] == [0, 1, 2]
     for res, item in zip(got["results"], items):
-        lp = hf_logprobs(model, q + item)[-1][labels]
+        lp = next_logprobs(model, q + item)[-1][labels]
         want = torch.softmax(lp, 0).tolist()  # vLLM's default: softmax over the labels
         assert [res["token_probs"][str(t)] for t in labels] == pytest.approx(want, abs=2e-5)
     same = httpx.post(f"{url}/generative_scoring", json={"query": q, "items": items, "label_token_ids": labels}, timeout=60)

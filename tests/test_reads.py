@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import load_hf
+from oracle import greedy_writing, load_hf, next_logprobs
 
 from spinf_stream.engine.reads import LabelRequest, label_logprobs, prompt_logprobs, prompt_trie
 from tiny import FAMILIES
 
 QUERY = "Is the following message spam? Reply yes or no.\nMessage: "
 ITEMS = ["WINNER!! Claim your prize now, call 0800 123", "see you at lunch tomorrow?", "", "ok"]
-
-
-def oracle_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """``[len(ids), V]`` log-softmax of transformers' logits at every position (float64)."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0]
-    return torch.log_softmax(logits.double(), dim=-1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -32,7 +25,7 @@ def test_label_logprobs_match_transformers(tiny_models, loaded, family):
     other = LabelRequest((tuple(tok("Another request entirely").input_ids),), labels)
     got = label_logprobs(decoder, [LabelRequest(prompts, labels), other], token_budget=64)
     for ids, per_label in zip(prompts, got[0]):
-        want = oracle_logprobs(model, list(ids))[-1]
+        want = next_logprobs(model, list(ids))[-1]
         assert per_label == pytest.approx([float(want[t]) for t in labels], abs=1e-4)
     alone = label_logprobs(decoder, [LabelRequest(prompts, labels)], token_budget=4096)
     assert alone[0] == got[0], "a request's reads must not depend on what shares its passes"
@@ -46,7 +39,7 @@ def test_prompt_logprobs_match_transformers(tiny_models, loaded, family):
     prompts = [tok(QUERY + item).input_ids for item in ITEMS] + [tok("Hello").input_ids]
     got = prompt_logprobs(decoder, prompts, top_n=5, token_budget=16)
     for ids, reads in zip(prompts, got):
-        want = oracle_logprobs(model, ids)
+        want = next_logprobs(model, ids)
         assert reads.token_logprobs[0] is None and reads.top[0] is None
         assert list(reads.token_logprobs[1:]) == pytest.approx([float(want[i - 1, ids[i]]) for i in range(1, len(ids))], abs=1e-4)
         for i in range(1, len(ids)):
@@ -71,20 +64,6 @@ def test_prompt_trie_shares_prefixes():
         prompt_trie(0, [[1], []])
 
 
-def oracle_greedy(model, ids: list[int], n: int, eos: int | None) -> tuple[list[int], list[float]]:
-    """transformers' greedy writing (``generate(do_sample=False)``, no cache), one token at a time:
-    the written ids (ending before ``eos``) and each one's full-vocabulary logprob."""
-    out, lps = [], []
-    for _ in range(n):
-        lp = oracle_logprobs(model, ids + out)[-1]
-        t = int(torch.argmax(lp))
-        if t == eos:
-            break
-        out.append(t)
-        lps.append(float(lp[t]))
-    return out, lps
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_completions_match_transformers(tiny_models, loaded, family):
     from spinf_stream.engine.reads import CompletionSpec, complete
@@ -96,12 +75,12 @@ def test_greedy_completions_match_transformers(tiny_models, loaded, family):
     n = 7
     got = complete(decoder, prompts, CompletionSpec(n, top_n=3), [tok.eos_token_id], tok.decode, token_budget=16)
     for ids, c in zip(prompts, got, strict=True):
-        want, want_lps = oracle_greedy(model, ids, n, tok.eos_token_id)
+        want, want_lps = greedy_writing(model, ids, n, tok.eos_token_id)
         assert list(c.ids) == want
         assert list(c.logprobs) == pytest.approx(want_lps, abs=1e-4)
         assert c.text == tok.decode(want) and c.finish_reason == ("length" if len(want) == n else "stop")
         for at, top in enumerate(c.top):
-            lp = oracle_logprobs(model, ids + want[:at])[-1]
+            lp = next_logprobs(model, ids + want[:at])[-1]
             assert top[0][0] == want[at] and [v for _, v in top] == pytest.approx(torch.topk(lp, 3).values.tolist(), abs=1e-4)
     # a request's numbers are its tree's (its prompts' shared prefix is read once): the budget
     # and the passes it is cut into change no bit of them
