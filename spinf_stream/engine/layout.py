@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spinf_stream.engine.segment import PreparedMessage
+from spinf_stream.engine.segment import ImageSlot, PreparedMessage
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,8 @@ class MessagePlan:
     the message alone. ``keep_kv``: return the content's keys/values after the pass.
     ``branches``: its branches in this pass, in order; their rows are consecutive.
     ``decode``: a decode step's one-row branch (see :class:`Work`).
+    ``images``: ``(start, length)`` content indices of its pictures' soft tokens, each run
+    visible whole to its own rows (a bidirectional block; content fed in this pass only).
     """
 
     prefix_len: int
@@ -137,6 +139,7 @@ class MessagePlan:
     branch_width: int
     branches: tuple[BranchPlan, ...]
     decode: bool = False
+    images: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_keys(self) -> int:
@@ -172,6 +175,9 @@ class PassLayout:
     as ``(start, length, parent)`` in that key space (parent -1: a root), ``query_start`` the key
     index of pass row 0. ``kept_rows``: ``(start, length)`` runs of pass rows whose per-layer
     keys/values the forward pass returns after the kept contents' (a decode step's history).
+    ``images``: ``(pass row, slot)`` of each picture whose content is fed: rows
+    ``[row, row + slot.length)`` take the picture's soft tokens as embeddings; ``blocks``: the
+    same runs in key space, each visible whole to its own rows.
     """
 
     input_ids: torch.Tensor
@@ -184,6 +190,8 @@ class PassLayout:
     carried_lens: tuple[int, ...] = ()
     segments: tuple[tuple[int, int, int], ...] = ()
     kept_rows: tuple[tuple[int, int], ...] = ()
+    images: tuple[tuple[int, ImageSlot], ...] = ()
+    blocks: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -228,6 +236,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
     # Segments are first collected with pass-row coordinates; shifted into key space at the end.
     pass_segments: list[tuple[int, int, int, bool]] = []  # (start, length, parent, parent_is_pass_row)
     carried_segments: list[tuple[int, int, int]] = []
+    images: list[tuple[int, ImageSlot]] = []
     for w in works:
         m = w.message
         L = len(m.content)
@@ -238,6 +247,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
             ids.extend(m.content)
             pos.extend(range(m.prefix_len, m.prefix_len + L))
             carried = None
+            images.extend((start + im.start, im) for im in m.images)
             if L:
                 pass_segments.append((start, L, root_parent, False))
             last_content = (start + L - 1, True) if L else (root_parent, False)
@@ -272,7 +282,8 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
                     pass_segments.append((s + i, 1, s + par, True))
         read_offsets.append(offsets)
         width = max((len(b) for b in m.branches), default=1)
-        plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches), w.decode))
+        spans = tuple((im.start, im.length) for im in m.images) if w.with_content else ()
+        plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches), w.decode, spans))
     q0 = preamble_len + sum(carried_lens)
     segments: list[tuple[int, int, int]] = []
     if preamble_len:
@@ -290,6 +301,8 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
         preamble_len=preamble_len,
         carried_lens=tuple(carried_lens),
         segments=tuple(segments),
+        images=tuple(images),
+        blocks=tuple((q0 + row, im.length) for row, im in images),
     )
 
 

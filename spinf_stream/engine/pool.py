@@ -39,6 +39,7 @@ from spinf_stream.engine.segment import PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
 from spinf_stream.messages import Message
 from spinf_stream.models import QUANTIZED, Decoder, ModelSpec, load_decoder, numerics, spec_for
+from spinf_stream.models.vision import ImageFormat
 from spinf_stream.models.backend import choose
 from spinf_stream.models.ops import QuantizedWeight
 from spinf_stream.packs import Pack, load_pack
@@ -88,6 +89,7 @@ class _Model:
     tokenizer: Any
     spec: ModelSpec
     int4: Int4Format | None
+    images: ImageFormat | None = None
     lanes: list[LaneEngine] = field(default_factory=list)
     decoder: Decoder | None = None
     header_bytes: int | None = None  # weights' bytes estimated from the safetensors headers
@@ -192,9 +194,10 @@ class EnginePool:
         from spinf_stream.models.int4_checkpoints import int4_format
 
         int4 = int4_format(resolved.path / "config.json")
-        spec = spec_for(AutoConfig.from_pretrained(str(resolved.path)))
+        config = AutoConfig.from_pretrained(str(resolved.path))
+        spec = spec_for(config)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        m = _Model(key, resolved, tokenizer, spec, int4)
+        m = _Model(key, resolved, tokenizer, spec, int4, ImageFormat.from_config(config))
         self._models[key] = m
         return m
 
@@ -373,7 +376,8 @@ class LaneEngine:
         self.special_tokens_in_fields = special_tokens_in_fields
         self.calibration = calibration
         # the engine's own checks of the pack against the tokenizer run here, before any weights
-        self.segmenter = Segmenter(model.tokenizer, pack, model.spec.max_positions, special_tokens_in_fields)
+        self.segmenter = Segmenter(model.tokenizer, pack, model.spec.max_positions, special_tokens_in_fields,
+                                   images=model.images)
         self.last_run = RunStats()
         self._pool = pool
         self._model = model

@@ -19,6 +19,7 @@ import torch
 
 from spinf_stream.engine.layout import preamble_pass
 from spinf_stream.messages import Message, has_visible_content
+from spinf_stream.images import ImageLimits, ImageRejected, decode_image, is_image_value
 from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
 from spinf_stream.engine.views import pick
@@ -69,14 +70,29 @@ def choice_scores(logprobs: Sequence[float]) -> list[tuple[float, float, float]]
     return [(p, lp, math.exp(lp)) for p, lp in zip(softmax_row(logprobs), logprobs)]
 
 
-def prepare_with(segmenter: Segmenter, messages: Sequence[Message]) -> list[PreparedMessage | ErrorRecord]:
+def prepare_with(
+    segmenter: Segmenter, messages: Sequence[Message], limits: ImageLimits = ImageLimits(),
+) -> list[PreparedMessage | ErrorRecord]:
     """:meth:`Engine.prepare` with ``segmenter`` (its pack's fields checked, then tokenized): one
-    :class:`PreparedMessage` or :class:`ErrorRecord` per message, in order. Needs no weights."""
+    :class:`PreparedMessage` or :class:`ErrorRecord` per message, in order. Needs no weights.
+
+    A field holding an image (:func:`spinf_stream.images.is_image_value`) is decoded under
+    ``limits``; a picture that cannot be read is an ``invalid_image`` or ``image_too_large`` record."""
     out: list[PreparedMessage | ErrorRecord] = []
     for i, m in enumerate(messages):
         fields: dict[str, str] = {}
+        pictures: dict[str, Any] = {}
         bad: ErrorRecord | None = None
         for name in segmenter.pack.fields:
+            if name in m.fields and is_image_value(m.fields[name]):
+                try:
+                    if len(pictures) == limits.max_images:
+                        raise ImageRejected("image_too_large", name, f"a message holds at most {limits.max_images} images")
+                    pictures[name] = decode_image(m.fields[name], name, limits)
+                    continue
+                except ImageRejected as e:
+                    bad = _error(m.id, e.kind, str(e))
+                    break
             if name not in m.fields or m.fields[name] is None:
                 bad = _error(m.id, "missing_field", f"field {name!r} is missing")
             elif not isinstance(m.fields[name], str):
@@ -92,7 +108,7 @@ def prepare_with(segmenter: Segmenter, messages: Sequence[Message]) -> list[Prep
             out.append(bad)
             continue
         try:
-            out.append(segmenter.prepare(i, m.id, fields))
+            out.append(segmenter.prepare(i, m.id, fields, pictures))
         except LayoutError as e:
             out.append(_error(m.id, e.kind, str(e)))
     return out
@@ -148,7 +164,8 @@ class Engine:
         # The Triton kernels run on CUDA, and on CPU tensors (interpreted) when SPINF_KERNELS=triton.
         self.kernels = decoder.backend.name
         self.token_budget = token_budget
-        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions, special_tokens_in_fields)
+        self.segmenter = Segmenter(tokenizer, pack, decoder.spec.max_positions, special_tokens_in_fields,
+                                   images=decoder.vision.format if decoder.vision else None)
         self.questions = self.segmenter.questions
         self.preamble_len = len(self.segmenter.preamble_ids)
         # Maps fixed once per pack and model: applying them is a few flops per choice.

@@ -15,7 +15,7 @@ Planning forward passes from the tokenized messages is :mod:`spinf_stream.engine
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,17 @@ class Branch:
         return len(self.tokens)
 
 
+@dataclass(frozen=True, eq=False)
+class ImageSlot:
+    """One picture of a message: its soft-token rows ``content[start : start + length]``, whose
+    embeddings the model's image reader replaces (``image``: an RGB ``PIL.Image``) and which
+    attend to each other both ways (a block of the mask)."""
+
+    start: int
+    length: int
+    image: Any
+
+
 @dataclass(frozen=True)
 class PreparedMessage:
     """A tokenized message, ready to be packed.
@@ -82,6 +93,8 @@ class PreparedMessage:
     #: the branches of the questions views decide only; ``view`` names a view (``""``: the message)
     views: tuple[PreparedMessage, ...] = ()
     view: str = ""
+    #: its pictures, in prompt order (content indices; none for a text message)
+    images: tuple[ImageSlot, ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -171,18 +184,24 @@ class Segmenter:
         max_positions: the model's context (tokens); longer prompts are rejected.
         special_tokens_in_fields: ``"plain"`` or ``"parse"`` (:mod:`spinf_stream.engine.tokenizer`);
             ``None`` takes the pack's ``special_tokens_in_fields``.
+        images: the model's :class:`~spinf_stream.models.vision.ImageFormat` (``text``,
+            ``image_token_id``, ``tokens_per_image``, ``markers``), or ``None`` for a text-only model.
 
     Raises:
         LayoutError: (kind ``choice_tokenization``) a choice whose tokens do not extend its
             question's tokens, so ``logprob`` would be ill-defined.
-        ValueError: a tokenizer that adds tokens after the text.
+        ValueError: a tokenizer that adds tokens after the text, or one that does not read the
+            image reader's text as its markers and ``tokens_per_image`` soft tokens.
     """
 
     def __init__(
         self, tokenizer: Any, pack: Pack, max_positions: int,
-        special_tokens_in_fields: SpecialTokensInFields | None = None,
+        special_tokens_in_fields: SpecialTokensInFields | None = None, images: Any = None,
     ) -> None:
         self.tokenizer = PromptTokenizer(tokenizer, special_tokens_in_fields or pack.special_tokens_in_fields)
+        self.images = images
+        if images is not None:
+            self._check_image_text()
         self.pack = pack
         self.max_positions = max_positions
         self.questions = pack.expand()
@@ -199,6 +218,19 @@ class Segmenter:
         self._q_seams: dict[tuple[int, int], int | None] = {}
         self._check_choices()
         self.preamble_ids, self.preamble_chars = self._preamble_cut()
+
+    def _check_image_text(self) -> None:
+        """The image text must tokenize to one run of exactly ``tokens_per_image`` soft tokens,
+        wherever a prompt places it (as the pack's own text)."""
+        r = self.images
+        (ids,) = self.tokenizer.encode([Prompt("a" + r.text + "b")], add_special_tokens=False)
+        runs = _runs(ids, r.image_token_id)
+        if [n for _, n in runs] != [r.tokens_per_image]:
+            raise ValueError(
+                f"the tokenizer does not read the model's image markers: {r.tokens_per_image} tokens "
+                f"{r.image_token_id} expected in one run, got runs of {[n for _, n in runs] or 'none'}; "
+                f"its tokenizer must hold {', '.join(f'{t} = {i}' for t, i in r.markers)}"
+            )
 
     def _check_choices(self) -> None:
         """Each choice's tokens after its question's (out of a message's context): they must
@@ -280,28 +312,38 @@ class Segmenter:
 
     # -- prepare, step by step ---------------------------------------------------------------
 
-    def prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:
-        """Tokenize one message (fields already validated as non-empty strings), and its views
-        when the pack has ``views``.
+    def prepare(
+        self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Any] | None = None,
+    ) -> PreparedMessage:
+        """Tokenize one message (fields already validated as non-empty strings; ``images``: its
+        image fields, decoded RGB pictures), and its views when the pack has ``views``.
 
         Raises:
             LayoutError: ``too_long`` when the prompt exceeds the model's context;
-                ``choice_tokenization`` when a choice's tokens do not extend its prompt's.
+                ``choice_tokenization`` when a choice's tokens do not extend its prompt's;
+                ``unsupported_image`` for a picture given to a text-only model, or in the field
+                the pack's views cut.
         """
-        whole = self._prepare(index, msg_id, fields)
+        images = images or {}
+        if images and self.images is None:
+            raise LayoutError("unsupported_image", f"field {next(iter(images))!r} holds an image; this model reads text only")
+        whole = self._prepare(index, msg_id, fields, images)
         spec = self.pack.views
         if spec is None:
             return whole
+        if spec.field in images:
+            raise LayoutError("unsupported_image", f"field {spec.field!r} holds an image; the pack's views cut its text")
         decided = {k for k, q in enumerate(self.questions) if q.id in spec.questions}
         views = []
         for v in views_of(fields[spec.field], spec.prefixes, spec.suffixes):
-            m = self._prepare(index, msg_id, {**fields, spec.field: v.text})
+            m = self._prepare(index, msg_id, {**fields, spec.field: v.text}, images)
             views.append(replace(m, branches=tuple(b for b in m.branches if b.question in decided),
                                  decode_tokens=0, view=v.name))
         return replace(whole, views=tuple(views))
 
-    def _prepare(self, index: int, msg_id: str, fields: dict[str, str]) -> PreparedMessage:
-        text, spans = self.pack.render_prompt_spans(fields)
+    def _prepare(self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Any]) -> PreparedMessage:
+        verbatim = {name: self.images.text for name in images} if images else None
+        text, spans = self.pack.render_prompt_spans(fields, verbatim)
         pre = len(self.pack.preamble)
         head = Prompt(self.pack.preamble + text, tuple((a + pre, b + pre) for a, b in spans))
         prompts = [head + t for t in self.q_texts]
@@ -317,7 +359,23 @@ class Segmenter:
         branches = tuple(_build_branch(k, br, ch) for k, (br, ch) in enumerate(zip(own, choices)))
         self._check_length(prefix_len + len(content), branches)
         decode = sum(max(self.written[b.question] - 1, 0) for b in branches)
-        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches, decode)
+        slots = self._image_slots(content, images) if images else ()
+        return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches, decode, images=slots)
+
+    def _image_slots(self, content: Sequence[int], images: Mapping[str, Any]) -> tuple[ImageSlot, ...]:
+        """Where each picture's soft tokens sit in the content, in prompt order. The soft token
+        is written by the engine only (a field's text never yields it in ``plain`` mode)."""
+        order = [f for f in self.pack.field_occurrences if f in images]
+        runs = _runs(content, self.images.image_token_id)
+        n = self.images.tokens_per_image
+        if [k for _, k in runs] != [n] * len(order):
+            raise LayoutError(
+                "invalid_image",
+                f"the prompt's content holds {sum(k for _, k in runs)} image soft tokens where its "
+                f"{len(order)} image(s) need {n} each (with special_tokens_in_fields parse, a text field "
+                f"holding the image marker adds some)",
+            )
+        return tuple(ImageSlot(start, k, images[f]) for (start, k), f in zip(runs, order))
 
     def _question_tokens(
         self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], offsets: list[tuple[int, int]]
@@ -453,6 +511,19 @@ class _SeamFinder:
         if self._head_last == -1:
             self._head_last = seams.last(self.head, len(self.head))
         return self._head_last
+
+
+def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each maximal run of ``token`` in ``ids``."""
+    out: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != token:
+            continue
+        if out and out[-1][0] + out[-1][1] == i:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
 
 
 def _token_boundary(offsets: list[tuple[int, int]], p: int) -> int | None:

@@ -288,6 +288,7 @@ class TreeMask:
         segments: Sequence[tuple[int, int, int]],
         queries: Sequence[int] | Tensor | None = None,
         block_rows: int = BLOCK_M,
+        blocks: Sequence[tuple[int, int]] = (),
     ) -> TreeMask:
         """A mask, and the logical positions, from the pass's segments.
 
@@ -301,6 +302,9 @@ class TreeMask:
                 attention over the pass). Pass e.g. `range(P, S)` when keys `0..P-1` are a cached
                 preamble that is not recomputed.
             block_rows: the most query rows per block (`rows_per_block(group)` for the kernel).
+            blocks: `(start, length)` runs of keys inside one segment that see each other whole
+                (bidirectional; Gemma 3's image soft tokens): each row of a run sees its segment
+                up to the run's end.
 
         Returns:
             The mask, with `k_pos` = depth in the tree (a root's first key is 0; a segment starts
@@ -346,6 +350,11 @@ class TreeMask:
                 lens[s:s + n, r] = rn
             starts[s:s + n, len(above)] = s
             lens[s:s + n, len(above)] = torch.arange(1, n + 1)  # causal within its own segment
+        for b0, bn in blocks:
+            g = int(seg_of_key[b0]) if 0 <= b0 < S else -1
+            if g < 0 or bn < 1 or b0 + bn > segs[g][0] + segs[g][1]:
+                raise ValueError(f"TreeMask.from_segments: block ({b0}, {bn}) is not inside one segment")
+            lens[b0:b0 + bn, len(ranges_above[g])] = b0 + bn - segs[g][0]
         if queries is None:
             rows = torch.arange(S)
         else:

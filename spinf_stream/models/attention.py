@@ -4,8 +4,9 @@ The CUDA/Triton path is :mod:`spinf_stream.kernels.tree_attention`; both read th
 :func:`spinf_stream.engine.layout.build_pass` makes.
 
 Every query attends to exactly its ancestors (DESIGN.md "Mask"): a content token to its
-message's preamble and its own content up to itself; a branch token to the preamble, the whole
-content and its own branch's ancestors. Never another message or branch.
+message's preamble and its own content up to itself (a picture's soft token: and the rest of its
+picture); a branch token to the preamble, the whole content and its own branch's ancestors.
+Never another message or branch.
 
 Batch invariance: every op runs single-threaded on one of the back end's workers
 (:class:`~spinf_stream.models.workers.ComputePool`), on units whose every shape is a property of
@@ -270,10 +271,15 @@ class TorchAttention:
             if m.content_start is not None:
                 for i0 in range(0, L, CONTENT_BLOCK):
                     i1 = min(i0 + CONTENT_BLOCK, L)
-                    N = _round_up(P + i1, KEY_MULTIPLE)
+                    # a picture's rows see its whole run (bidirectional): keys up to its end
+                    pictures = [(P + a, P + a + n) for a, n in m.images if a < i1 and a + n > i0]
+                    N = _round_up(max([P + i1] + [b for _, b in pictures]), KEY_MULTIPLE)
                     qp = torch.arange(P + i0, P + i1)
+                    kp = torch.arange(P + i0, N)
                     # keys before the block are all visible: only [P + i0, N) needs a mask
-                    hidden = torch.arange(P + i0, N)[None, :] > qp[:, None]  # causal: later keys and padding
+                    hidden = kp[None, :] > qp[:, None]  # causal: later keys and padding
+                    for a, b in pictures:
+                        hidden &= ~(((qp >= a) & (qp < b))[:, None] & ((kp >= a) & (kp < b))[None, :])
                     mu.content_blocks.append((i0, i1, N, hidden.to(self.device)))
             if m.decode:  # one row, its keys and its softmax; a message's rows in one unit
                 self.decode_rows.append(i)

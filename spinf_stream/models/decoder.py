@@ -16,6 +16,7 @@ from .attention import KV
 from .ops import Backend, Weight, weight_rows
 from .spec import ModelSpec
 from .torch_backend import TorchBackend
+from .vision import ImageReader
 
 
 @dataclass
@@ -48,12 +49,15 @@ class Decoder:
         final_norm: ``[hidden]``. lm_head: ``[vocab, hidden]`` (the embedding when tied).
         backend: the kernels that run the pass (:class:`~spinf_stream.models.ops.Backend`;
             default :class:`~spinf_stream.models.torch_backend.TorchBackend`).
+        vision: a multimodal checkpoint's image reader (:class:`~spinf_stream.models.vision.ImageReader`),
+            or ``None``.
     """
 
     def __init__(
         self, spec: ModelSpec, embed: torch.Tensor, layers: list[LayerWeights], final_norm: torch.Tensor,
-        lm_head: torch.Tensor, backend: Backend | None = None,
+        lm_head: torch.Tensor, backend: Backend | None = None, vision: ImageReader | None = None,
     ) -> None:
+        self.vision = vision
         self.spec = spec
         self.embed = embed
         self.layers = layers
@@ -102,6 +106,9 @@ class Decoder:
         n_pad = chunks[-1].stop if chunks else 0
         ids = torch.zeros(n_pad, dtype=torch.int64)
         ids[:n_rows] = layout.input_ids
+        pictures = self._soft_tokens(layout)
+        for row, soft in pictures:  # the placeholder's id may lie past the vocabulary: read token 0
+            ids[row : row + soft.shape[0]] = 0
         pos = torch.zeros(n_pad, dtype=torch.int64)
         pos[:n_rows] = layout.positions
         ids, pos = ids.to(dev), pos.to(dev)
@@ -124,6 +131,8 @@ class Decoder:
                 tables[key][0][r], tables[key][1][r] = cos, sin
 
         b.map(embed_rows, chunks)
+        for row, soft in pictures:  # after the embedding scale: the soft tokens are not scaled
+            x[row : row + soft.shape[0]] = soft.to(device=dev, dtype=x.dtype)
         # q, k, v of every row, written chunk by chunk; one buffer for all layers (the kept
         # content keys/values are copies)
         qkv = x.new_empty(n_pad, hq + 2 * hkv, d)
@@ -152,6 +161,21 @@ class Decoder:
         read[:n_read] = x[layout.read_rows.to(dev)]
         b.map(lambda r, _: read.__setitem__(r, self._norm(read[r], self.final_norm)), read_chunks)
         return read[:n_read], kept
+
+    def _soft_tokens(self, layout: PassLayout) -> list[tuple[int, torch.Tensor]]:
+        """``(row, [n, hidden] fp32)`` of each picture the pass feeds, each read alone on one of
+        the back end's workers (one image per call: its bits are its own).
+
+        Raises:
+            ValueError: pictures for a model without an image reader.
+        """
+        if not layout.images:
+            return []
+        if self.vision is None:
+            raise ValueError("the pass holds pictures; this model has no image reader")
+        reader = self.vision
+        soft = self.backend.map(lambda item, _: reader.soft_tokens(item[1].image), list(layout.images))
+        return [(row, t) for (row, _), t in zip(layout.images, soft)]
 
     # -- token-wise ops -------------------------------------------------------------------
     #

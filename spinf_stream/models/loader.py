@@ -14,6 +14,7 @@ from .decoder import Decoder, LayerWeights
 from .ops import Backend, QuantizedWeight, Weight
 from .registry import spec_for
 from .spec import ModelSpec
+from .vision import ImageReader
 
 #: Largest normal float8 e4m3 value (OCP 8-bit floating point spec, 2023).
 FP8_MAX = 448.0
@@ -161,4 +162,6 @@ def load_decoder(
     if int4 is not None:
         # GPTQ/AWQ: unpacked and dequantized exactly, kept in the pass's weight dtype
         sd = dequantize_state_dict(sd, int4, dtype if isinstance(dtype, torch.dtype) else torch.bfloat16)
-    return build_decoder(spec, sd, dtype=dtype, device=device, backend=backend)
+    decoder = build_decoder(spec, sd, dtype=dtype, device=device, backend=backend)
+    decoder.vision = ImageReader.from_config(config, sd)  # fp32, on the CPU
+    return decoder

@@ -5,6 +5,7 @@ Each family module states only how it differs from Llama (``spec_from_config``).
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from typing import Any
 
 from .spec import ModelSpec
@@ -30,10 +31,16 @@ def spec_for(config: Any) -> ModelSpec:
     Raises:
         UnsupportedModel: unknown ``model_type``.
     """
-    if getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config"):
+    multimodal = getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config")
+    if multimodal:
         config = config.text_config
     mt = getattr(config, "model_type", None)
     if mt not in FAMILIES:
         raise UnsupportedModel(f"model_type {mt!r} is not supported; supported: {sorted(FAMILIES)}")
     module = importlib.import_module(FAMILIES[mt], __package__)
-    return module.spec_from_config(config)
+    spec = module.spec_from_config(config)
+    if multimodal:
+        # transformers' Gemma3ForConditionalGeneration applies no final-logit soft cap (Gemma 3's
+        # checkpoints set none; its text-only class applies one when set)
+        spec = replace(spec, final_softcap=None)
+    return spec

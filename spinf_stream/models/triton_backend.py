@@ -165,7 +165,7 @@ class TritonAttention:
         q0 = layout.query_start
         self.preamble_len = layout.preamble_len
         self.mask = TreeMask.from_segments(
-            layout.segments, range(q0, q0 + layout.n_tokens), block_rows=rows_per_block(group)
+            layout.segments, range(q0, q0 + layout.n_tokens), block_rows=rows_per_block(group), blocks=layout.blocks,
         ).to(device)
 
     def __call__(

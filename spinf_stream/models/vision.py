@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-__all__ = ["SiglipLayer", "VisionTower", "gemma3_pixel_values"]
+__all__ = ["GEMMA3_MARKERS", "ImageFormat", "ImageReader", "SiglipLayer", "VisionTower", "gemma3_pixel_values"]
 
 
 def gemma3_pixel_values(image: Image.Image, size: int) -> torch.Tensor:
@@ -160,3 +160,62 @@ class VisionTower:
             projection=get(projector + "mm_input_projection_weight"),
             heads=heads, eps=eps, tokens_per_image=tokens_per_image,
         )
+
+
+#: Gemma 3's image markers (transformers' ``Gemma3Processor``: ``boi_token``, ``image_token``,
+#: ``eoi_token``); a prompt's image reads ``"\n\n" + boi + tokens_per_image × image + eoi + "\n\n"``.
+GEMMA3_MARKERS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """What a prompt holds in a picture's place, read from the config alone (no weights).
+
+    ``text``: the prompt text standing for one image (the processor's ``full_image_sequence``);
+    ``image_token_id``: the soft-token placeholder's id, ``tokens_per_image`` of them per image,
+    each row's embedding replaced by the tower's output (unscaled) and attending to its whole
+    image (transformers' ``token_type_ids`` block mask); ``markers``: the token strings the
+    tokenizer must know, with the ids the config gives them.
+    """
+
+    text: str
+    image_token_id: int
+    tokens_per_image: int
+    markers: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def from_config(cls, config: object) -> ImageFormat | None:
+        """A ``Gemma3ForConditionalGeneration`` config's format; ``None`` without a ``vision_config``."""
+        if getattr(config, "vision_config", None) is None or getattr(config, "model_type", None) != "gemma3":
+            return None
+        n = int(config.mm_tokens_per_image)  # type: ignore[attr-defined]
+        boi, image, eoi = GEMMA3_MARKERS
+        ids = (int(config.boi_token_index), int(config.image_token_index), int(config.eoi_token_index))  # type: ignore[attr-defined]
+        return cls(f"\n\n{boi}{image * n}{eoi}\n\n", ids[1], n, tuple(zip(GEMMA3_MARKERS, ids)))
+
+
+@dataclass
+class ImageReader:
+    """A multimodal checkpoint's picture → soft tokens: its :class:`ImageFormat` and tower."""
+
+    format: ImageFormat
+    tower: VisionTower
+
+    def soft_tokens(self, image: Image.Image) -> torch.Tensor:
+        """``[tokens_per_image, hidden]`` fp32 of an RGB picture (:func:`gemma3_pixel_values`)."""
+        return self.tower.soft_tokens(gemma3_pixel_values(image, self.tower.image_size))
+
+    @classmethod
+    def from_config(cls, config: object, state: Mapping[str, torch.Tensor]) -> ImageReader | None:
+        """The reader of a ``Gemma3ForConditionalGeneration`` config and its tensors; ``None``
+        for a config without a ``vision_config`` (a text-only model).
+
+        Raises:
+            KeyError: a tower tensor the checkpoint lacks (named).
+        """
+        fmt = ImageFormat.from_config(config)
+        if fmt is None:
+            return None
+        vision = config.vision_config  # type: ignore[attr-defined]
+        heads, eps = int(vision.num_attention_heads), float(vision.layer_norm_eps)
+        return cls(fmt, VisionTower.from_state_dict(state, heads, eps, fmt.tokens_per_image))

@@ -562,6 +562,11 @@ class Pack(BaseModel):
         """Message fields the prompt uses, in order of first appearance (at least one)."""
         return tuple(dict.fromkeys(f for _, f in self._prompt_t if f is not None))
 
+    @property
+    def field_occurrences(self) -> tuple[str, ...]:
+        """The prompt's ``{field}`` places in order, a field once per place."""
+        return tuple(f for _, f in self._prompt_t if f is not None)
+
     def render_prompt(self, fields: Mapping[str, str]) -> str:
         """The content part for one message: ``prompt`` with each ``{field}`` replaced literally.
 
@@ -569,8 +574,13 @@ class Pack(BaseModel):
         """
         return self.render_prompt_spans(fields)[0]
 
-    def render_prompt_spans(self, fields: Mapping[str, str]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    def render_prompt_spans(
+        self, fields: Mapping[str, str], verbatim: Mapping[str, str] | None = None,
+    ) -> tuple[str, tuple[tuple[int, int], ...]]:
         """:meth:`render_prompt` and the ``[start, end)`` char span of each field value in it, in order.
+
+        ``verbatim``: fields whose text the engine writes (an image's markers): inserted as
+        given, neither normalised nor escaped, and read as the pack's own text (no span).
 
         Raises ``KeyError`` (naming the field) when ``fields`` lacks one the prompt uses.
         """
@@ -580,7 +590,10 @@ class Pack(BaseModel):
         for literal, field in self._prompt_t:
             out.append(literal)
             at += len(literal)
-            if field is not None:
+            if field is not None and verbatim and field in verbatim:
+                out.append(verbatim[field])
+                at += len(verbatim[field])
+            elif field is not None:
                 value = self.escape_field(normalize(fields[field], self.normalize_fields))
                 out.append(value)
                 spans.append((at, at + len(value)))

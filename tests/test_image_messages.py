@@ -1,0 +1,234 @@
+"""Messages with pictures, end to end through the engine, on a random-weight model of Gemma 3's
+multimodal architecture (a small config, as transformers' own Gemma 3 tests build it) with the
+real Gemma 3 tokenizer plus its image soft token.
+
+The oracle is transformers: ``Gemma3Processor`` (its PIL image processor) makes the input ids,
+``token_type_ids`` and pixel values of each question's full prompt from the same picture, and
+``Gemma3ForConditionalGeneration`` gives the logits, one question and one choice at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from spinf_stream.engine import Engine, Message
+from spinf_stream.engine.layout import build_pass, plan_passes
+from spinf_stream.models import load_decoder
+from spinf_stream.models.triton_backend import interpreter_on
+from spinf_stream.packs import Pack, parse_pack
+
+IMAGE_SIZE = 20
+TOKENS_PER_IMAGE = 4
+MARKERS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+
+ONE = """\
+name: photo_check
+version: "1.0.0"
+description: pictures and text, for the image tests
+preamble: "Look at the photo and answer.\\n\\n"
+prompt: "Photo: {photo}\\nCaption: {caption}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - {id: cat, text: "Is there a cat in the photo?"}
+  - {id: outdoor, text: "Was it taken outdoors?"}
+  - {id: mood, text: "What is its mood?", choices: [happy, sad, calm]}
+"""
+
+TWO = """\
+name: photo_pair
+version: "1.0.0"
+description: pictures and text, for the image tests
+prompt: "Before: {before}\\nNote: {note}\\nAfter: {after}\\n"
+question: "Question: {question}\\nAnswer:"
+choices: [yes, no]
+questions:
+  - {id: same, text: "Do both photos show the same thing?"}
+  - {id: changed, text: "Did anything change?"}
+"""
+
+
+@pytest.fixture(scope="module")
+def gemma3_vl(tmp_path_factory):
+    """A saved random-weight ``Gemma3ForConditionalGeneration`` (sliding window 3, shorter than
+    an image's 4 soft tokens) with the Gemma 3 tokenizer: ``(path, model, processor)``."""
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from spinf_stream.models.resolve import resolve
+
+    tok = AutoTokenizer.from_pretrained(str(resolve("gemma-3-270m").path), extra_special_tokens=MARKERS)
+    torch.manual_seed(0)
+    config = Gemma3Config(
+        text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 3,
+                     "query_pre_attn_scalar": 16, "max_position_embeddings": 512, "final_logit_softcapping": 30.0,
+                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": IMAGE_SIZE, "patch_size": 5, "layer_norm_eps": 1e-6},
+        mm_tokens_per_image=TOKENS_PER_IMAGE, image_token_index=tok.image_token_id,
+        boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
+    )
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # every tensor random (norms and the projector start at constants)
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if p.ndim == 1 else 0.08))
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_()
+    path = tmp_path_factory.mktemp("gemma3_vl")
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
+                                tokenizer=tok, image_seq_length=TOKENS_PER_IMAGE)
+    return path, model, processor
+
+
+@pytest.fixture(scope="module")
+def engine_of(gemma3_vl):
+    from transformers import AutoTokenizer
+
+    path = gemma3_vl[0]
+    decoder, tok = load_decoder(path), AutoTokenizer.from_pretrained(str(path))
+    memo: dict[str, Engine] = {}
+
+    def get(pack_yaml: str, budget: int = 4096) -> Engine:
+        if pack_yaml not in memo:
+            memo[pack_yaml] = Engine(decoder, tok, _pack(pack_yaml), "tiny-gemma3-vl", budget)
+        return memo[pack_yaml]
+
+    return get
+
+
+def _pack(text: str) -> Pack:
+    return parse_pack(text, "test.yaml")
+
+
+def picture(seed: int, size: tuple[int, int] = (37, 23)) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def png_b64(img: Image.Image) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def oracle(gemma3_vl, pack: Pack, fields: dict) -> dict[str, dict[str, float]]:
+    """Per question, per choice: transformers' logprob of the choice's tokens after the full
+    prompt, each picture at its field as the processor places it (``<start_of_image>``)."""
+    _, model, processor = gemma3_vl
+    images = [fields[f] for f in pack.field_occurrences if isinstance(fields[f], Image.Image)]
+    text_fields = {k: ("<start_of_image>" if isinstance(v, Image.Image) else v) for k, v in fields.items()}
+    head = pack.preamble + pack.render_prompt(text_fields)
+    out: dict[str, dict[str, float]] = {}
+    for q in pack.expand():
+        full = head + pack.render_question(q)
+        base = processor(images=images or None, text=full, return_tensors="pt")
+        n = base["input_ids"].shape[1]
+        out[q.id] = {}
+        for label in q.choices:
+            inputs = processor(images=images or None, text=full + pack.answer_prefix + label, return_tensors="pt")
+            ids = inputs["input_ids"][0]
+            assert ids[:n].tolist() == base["input_ids"][0].tolist()
+            with torch.no_grad():
+                logits = model(**inputs).logits[0].double()
+            lp = torch.log_softmax(logits, dim=-1)
+            out[q.id][label] = sum(float(lp[i - 1, ids[i]]) for i in range(n, ids.shape[0]))
+    return out
+
+
+def _as_field(v):
+    return {"image": png_b64(v)} if isinstance(v, Image.Image) else v
+
+
+CASES = {
+    "one picture": (ONE, {"photo": picture(1), "caption": "a small animal on a sofa"}),
+    "two pictures around a text field": (TWO, {"before": picture(2), "note": "see the change", "after": picture(3, (20, 20))}),
+    "text only": (ONE, {"photo": "no picture: a description of a grey cat", "caption": "a cat"}),
+    "one picture and a text where the other was": (TWO, {"before": picture(4, (90, 3)), "note": "n", "after": "gone"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_choice_logprobs_equal_transformers(gemma3_vl, engine_of, case):
+    pack_yaml, fields = CASES[case]
+    engine = engine_of(pack_yaml)
+    (rec,) = engine.score([Message("m", {k: _as_field(v) for k, v in fields.items()})])
+    assert not hasattr(rec, "error"), rec
+    want = oracle(gemma3_vl, engine.pack, fields)
+    for qid, choices in want.items():
+        for label, lp in choices.items():
+            assert rec.scores[qid].choices[label].logprob == pytest.approx(lp, abs=1e-4), (qid, label)
+        probs = {k: math.exp(v) for k, v in choices.items()}
+        total = sum(probs.values())
+        for label in choices:
+            assert rec.scores[qid].choices[label].probability == pytest.approx(probs[label] / total, abs=2e-5)
+
+
+def test_a_messages_bits_do_not_depend_on_its_batch_or_the_budget(engine_of):
+    engine = engine_of(TWO)
+    msgs = [Message(f"m{i}", {"before": {"image": png_b64(picture(10 + i))}, "note": f"note {i}" * (i + 1),
+                              "after": {"image": png_b64(picture(20 + i, (30 + i, 25)))} if i % 2 else "text"})
+            for i in range(5)]
+    alone = {m.id: engine.score([m])[0].digest for m in msgs}
+    for budget in (40, 64, 4096):
+        engine.token_budget = budget
+        together = engine.score(msgs[::-1])
+        assert {r.id: r.digest for r in together} == alone, budget
+    engine.token_budget = 4096
+
+
+def test_the_soft_tokens_see_their_whole_picture(engine_of):
+    """The layout marks each picture's rows as a block; a made-causal mask changes the scores
+    (the parity test above fails then), so the block must reach the attention."""
+    engine = engine_of(ONE)
+    (p,) = engine.prepare([Message("m", {"photo": {"image": png_b64(picture(1))}, "caption": "x"})])
+    assert [(s.start, s.length) for s in p.images] and all(s.length == TOKENS_PER_IMAGE for s in p.images)
+    assert all(set(p.content[s.start : s.start + s.length]) == {engine.decoder.vision.format.image_token_id}
+               for s in p.images)
+    layout = build_pass(plan_passes([p], 4096)[0], engine.preamble_len)
+    (plan,) = layout.messages
+    assert plan.images == tuple((s.start, s.length) for s in p.images)
+    assert layout.blocks == tuple((layout.query_start + plan.content_start + s.start, s.length) for s in p.images)
+
+
+@pytest.mark.skipif(not interpreter_on(), reason="the Triton kernels run on the CPU only with TRITON_INTERPRET=1")
+def test_the_triton_path_reads_pictures_as_the_torch_path(gemma3_vl, engine_of):
+    from transformers import AutoTokenizer
+
+    path = gemma3_vl[0]
+    torch_engine = engine_of(TWO)
+    triton = Engine(load_decoder(path, kernels="triton"), AutoTokenizer.from_pretrained(str(path)), torch_engine.pack,
+                    "tiny-gemma3-vl", 4096)
+    msg = Message("m", {"before": {"image": png_b64(picture(5))}, "note": "x", "after": {"image": png_b64(picture(6))}})
+    (a,) = torch_engine.score([msg])
+    (b,) = triton.score([msg])
+    for qid, q in a.scores.items():
+        for label, c in q.choices.items():
+            assert b.scores[qid].choices[label].logprob == pytest.approx(c.logprob, abs=1e-5)
+
+
+@pytest.mark.parametrize("value, kind", [
+    ({"image": "bm90IGFuIGltYWdl"}, "invalid_image"),  # base64 of "not an image"
+    ({"image": "%%%"}, "invalid_image"),
+])
+def test_a_bad_picture_is_an_error_record(engine_of, value, kind):
+    engine = engine_of(ONE)
+    (rec,) = engine.score([Message("m", {"photo": value, "caption": "x"})])
+    assert rec.error.kind == kind and "photo" in rec.error.message
+
+
+def test_a_text_only_model_refuses_pictures(tiny_models, loaded):
+    from spinf_stream.engine import Engine
+
+    decoder, tok = loaded(tiny_models("gemma3"))
+    engine = Engine(decoder, tok, _pack(ONE), "tiny", 4096)
+    (rec,) = engine.score([Message("m", {"photo": {"image": png_b64(picture(1))}, "caption": "x"})])
+    assert rec.error.kind == "unsupported_image" and "photo" in rec.error.message
