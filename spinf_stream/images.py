@@ -29,7 +29,8 @@ from typing import Any
 
 from PIL import Image
 
-__all__ = ["FORMATS", "ImageLimits", "ImageRejected", "decode_image", "is_image_value", "message_images"]
+__all__ = ["FORMATS", "ImageLimits", "ImageRejected", "decode_image", "field_pictures", "is_image_value", "is_picture_value",
+           "message_images"]
 
 #: Pillow's format names of the formats read, by the MIME subtype of a data URL
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -143,6 +144,37 @@ def _rgb(img: Image.Image) -> Image.Image:
         rgba = img.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return img.convert("RGB")
+
+
+def is_picture_value(value: Any) -> bool:
+    """Whether a field's JSON value holds pictures: an image (:func:`is_image_value`), a video
+    (:func:`spinf_stream.video.is_video_value`) or a non-empty array whose first item is an image
+    (a video's frames)."""
+    from .video import is_video_value
+
+    if is_image_value(value) or is_video_value(value):
+        return True
+    return isinstance(value, list) and bool(value) and is_image_value(value[0])
+
+
+def field_pictures(value: Any, field: str, limits: ImageLimits = ImageLimits()) -> list[Image.Image]:
+    """A picture field's pictures, RGB, in order: one for an image, the frames taken for a video
+    or given as an array.
+
+    Raises:
+        ImageRejected: ``invalid_image`` or ``image_too_large`` (frames past ``max_images`` too).
+    """
+    from .video import decode_video, is_video_value
+
+    if is_video_value(value):
+        frames = decode_video(value, field, images=limits)
+    elif isinstance(value, list):
+        if len(value) > limits.max_images:
+            raise ImageRejected("image_too_large", field, f"{len(value)} frames; a message holds at most {limits.max_images} images")
+        frames = [decode_image(v, f"{field}[{i}]", limits) for i, v in enumerate(value)]
+    else:
+        frames = [decode_image(value, field, limits)]
+    return frames
 
 
 def message_images(fields: Mapping[str, Any], limits: ImageLimits = ImageLimits()) -> dict[str, Image.Image]:

@@ -124,8 +124,9 @@ def oracle(gemma3_vl, pack: Pack, fields: dict) -> dict[str, dict[str, float]]:
     """Per question, per choice: transformers' logprob of the choice's tokens after the full
     prompt, each picture at its field as the processor places it (``<start_of_image>``)."""
     _, model, processor = gemma3_vl
-    images = [fields[f] for f in pack.field_occurrences if isinstance(fields[f], Image.Image)]
-    text_fields = {k: ("<start_of_image>" if isinstance(v, Image.Image) else v) for k, v in fields.items()}
+    frames = {k: ([v] if isinstance(v, Image.Image) else v) for k, v in fields.items() if not isinstance(v, str)}
+    images = [pic for f in pack.field_occurrences if f in frames for pic in frames[f]]
+    text_fields = {k: "<start_of_image>" * len(frames[k]) if k in frames else v for k, v in fields.items()}
     head = pack.preamble + pack.render_prompt(text_fields)
     out: dict[str, dict[str, float]] = {}
     for q in pack.expand():
@@ -145,6 +146,8 @@ def oracle(gemma3_vl, pack: Pack, fields: dict) -> dict[str, dict[str, float]]:
 
 
 def _as_field(v):
+    if isinstance(v, list):
+        return [_as_field(x) for x in v]
     return {"image": png_b64(v)} if isinstance(v, Image.Image) else v
 
 
@@ -153,6 +156,8 @@ CASES = {
     "two pictures around a text field": (TWO, {"before": picture(2), "note": "see the change", "after": picture(3, (20, 20))}),
     "text only": (ONE, {"photo": "no picture: a description of a grey cat", "caption": "a cat"}),
     "one picture and a text where the other was": (TWO, {"before": picture(4, (90, 3)), "note": "n", "after": "gone"}),
+    "a video's frames and a picture": (TWO, {"before": [picture(7), picture(8), picture(9)], "note": "clip",
+                                             "after": picture(10)}),
 }
 
 
@@ -232,3 +237,52 @@ def test_a_text_only_model_refuses_pictures(tiny_models, loaded):
     engine = Engine(decoder, tok, _pack(ONE), "tiny", 4096)
     (rec,) = engine.score([Message("m", {"photo": {"image": png_b64(picture(1))}, "caption": "x"})])
     assert rec.error.kind == "unsupported_image" and "photo" in rec.error.message
+
+
+def mp4_b64(frames: list[np.ndarray], rate: int) -> str:
+    """An MP4 (MPEG-4 Part 2, FFmpeg's own encoder) of ``frames`` at ``rate`` frames per second."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=rate)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        for f in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
+        out.mux(stream.encode())
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_a_video_is_read_as_the_frames_taken_at_its_fps(gemma3_vl, engine_of):
+    """8 frames at 4 frames per second, taken at 2 per second: the frames at 0, 0.5, 1.0 and
+    1.5 s (every other one, decoded independently here), scored as transformers scores them."""
+    import av
+
+    rng = np.random.default_rng(3)
+    raw = [np.repeat(np.repeat(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), 4, 0), 4, 1) for _ in range(8)]
+    video = mp4_b64(raw, rate=4)
+    with av.open(io.BytesIO(base64.b64decode(video))) as c:
+        decoded = [(float(f.time), f.to_image()) for f in c.decode(c.streams.video[0])]
+    want_frames = [img for t, img in decoded if any(abs(t - k / 2) < 1e-9 for k in range(4))]
+    assert len(want_frames) == 4
+    engine = engine_of(TWO)
+    (rec,) = engine.score([Message("m", {"before": {"video": video, "fps": 2}, "note": "clip", "after": "text"})])
+    assert not hasattr(rec, "error"), rec
+    want = oracle(gemma3_vl, engine.pack, {"before": want_frames, "note": "clip", "after": "text"})
+    for qid, choices in want.items():
+        for label, lp in choices.items():
+            assert rec.scores[qid].choices[label].logprob == pytest.approx(lp, abs=1e-4), (qid, label)
+
+
+@pytest.mark.parametrize("value, kind", [
+    ({"video": "bm90IGEgdmlkZW8="}, "invalid_image"),  # base64 of "not a video"
+    ({"video": "AAAA", "fps": 0}, "invalid_image"),
+    ({"video": "AAAA", "fps": True}, "invalid_image"),
+    ([{"image": "AAAA"}], "invalid_image"),
+    ([{"image": "AAAA"}] * 17, "image_too_large"),
+])
+def test_a_bad_video_is_an_error_record(engine_of, value, kind):
+    engine = engine_of(TWO)
+    (rec,) = engine.score([Message("m", {"before": value, "note": "x", "after": "y"})])
+    assert rec.error.kind == kind and "before" in rec.error.message

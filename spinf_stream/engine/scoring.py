@@ -19,7 +19,7 @@ import torch
 
 from spinf_stream.engine.layout import preamble_pass
 from spinf_stream.messages import Message, has_visible_content
-from spinf_stream.images import ImageLimits, ImageRejected, decode_image, is_image_value
+from spinf_stream.images import ImageLimits, ImageRejected, field_pictures, is_picture_value
 from spinf_stream.engine.segment import LayoutError, PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
 from spinf_stream.engine.views import pick
@@ -76,19 +76,20 @@ def prepare_with(
     """:meth:`Engine.prepare` with ``segmenter`` (its pack's fields checked, then tokenized): one
     :class:`PreparedMessage` or :class:`ErrorRecord` per message, in order. Needs no weights.
 
-    A field holding an image (:func:`spinf_stream.images.is_image_value`) is decoded under
-    ``limits``; a picture that cannot be read is an ``invalid_image`` or ``image_too_large`` record."""
+    A field holding pictures (an image, a video or its frames:
+    :func:`spinf_stream.images.is_picture_value`) is decoded under ``limits``; one that cannot be
+    read is an ``invalid_image`` or ``image_too_large`` record."""
     out: list[PreparedMessage | ErrorRecord] = []
     for i, m in enumerate(messages):
         fields: dict[str, str] = {}
         pictures: dict[str, Any] = {}
         bad: ErrorRecord | None = None
         for name in segmenter.pack.fields:
-            if name in m.fields and is_image_value(m.fields[name]):
+            if name in m.fields and is_picture_value(m.fields[name]):
                 try:
-                    if len(pictures) == limits.max_images:
+                    pictures[name] = field_pictures(m.fields[name], name, limits)
+                    if sum(len(p) for p in pictures.values()) > limits.max_images:
                         raise ImageRejected("image_too_large", name, f"a message holds at most {limits.max_images} images")
-                    pictures[name] = decode_image(m.fields[name], name, limits)
                     continue
                 except ImageRejected as e:
                     bad = _error(m.id, e.kind, str(e))

@@ -313,10 +313,11 @@ class Segmenter:
     # -- prepare, step by step ---------------------------------------------------------------
 
     def prepare(
-        self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Any] | None = None,
+        self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Sequence[Any]] | None = None,
     ) -> PreparedMessage:
         """Tokenize one message (fields already validated as non-empty strings; ``images``: its
-        image fields, decoded RGB pictures), and its views when the pack has ``views``.
+        picture fields, each a list of decoded RGB pictures: one image, or a video's frames, each
+        placed as an image), and its views when the pack has ``views``.
 
         Raises:
             LayoutError: ``too_long`` when the prompt exceeds the model's context;
@@ -341,8 +342,8 @@ class Segmenter:
                                  decode_tokens=0, view=v.name))
         return replace(whole, views=tuple(views))
 
-    def _prepare(self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Any]) -> PreparedMessage:
-        verbatim = {name: self.images.text for name in images} if images else None
+    def _prepare(self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Sequence[Any]]) -> PreparedMessage:
+        verbatim = {name: self.images.text * len(frames) for name, frames in images.items()} if images else None
         text, spans = self.pack.render_prompt_spans(fields, verbatim)
         pre = len(self.pack.preamble)
         head = Prompt(self.pack.preamble + text, tuple((a + pre, b + pre) for a, b in spans))
@@ -362,10 +363,10 @@ class Segmenter:
         slots = self._image_slots(content, images) if images else ()
         return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches, decode, images=slots)
 
-    def _image_slots(self, content: Sequence[int], images: Mapping[str, Any]) -> tuple[ImageSlot, ...]:
+    def _image_slots(self, content: Sequence[int], images: Mapping[str, Sequence[Any]]) -> tuple[ImageSlot, ...]:
         """Where each picture's soft tokens sit in the content, in prompt order. The soft token
         is written by the engine only (a field's text never yields it in ``plain`` mode)."""
-        order = [f for f in self.pack.field_occurrences if f in images]
+        order = [picture for f in self.pack.field_occurrences if f in images for picture in images[f]]
         runs = _runs(content, self.images.image_token_id)
         n = self.images.tokens_per_image
         if [k for _, k in runs] != [n] * len(order):
@@ -375,7 +376,7 @@ class Segmenter:
                 f"{len(order)} image(s) need {n} each (with special_tokens_in_fields parse, a text field "
                 f"holding the image marker adds some)",
             )
-        return tuple(ImageSlot(start, k, images[f]) for (start, k), f in zip(runs, order))
+        return tuple(ImageSlot(start, k, picture) for (start, k), picture in zip(runs, order))
 
     def _question_tokens(
         self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], offsets: list[tuple[int, int]]
