@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from spinf_stream.engine.results import record_schemas
+from .input_schema import input_schemas
 from .stream.records import stream_schemas
 
 
 def all_schemas() -> dict[str, dict[str, Any]]:
-    """File name → JSON Schema, engine records and stream records; and the HTTP API's OpenAPI
-    document (``openapi.json``)."""
+    """File name → JSON Schema, engine records, stream records and the input message; and the
+    HTTP API's OpenAPI document (``openapi.json``)."""
     from spinf_stream.api.app import openapi_document
 
-    return {**record_schemas(), **stream_schemas(), "openapi.json": openapi_document()}
+    return {**record_schemas(), **stream_schemas(), **input_schemas(), "openapi.json": openapi_document()}
 
 
 def render(schema: dict[str, Any]) -> str:

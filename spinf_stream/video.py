@@ -56,7 +56,8 @@ def decode_video(
     """
     import av  # PyAV: FFmpeg's decoders; imported when a video comes
 
-    text, fps = value.get("video"), value.get("fps", limits.fps)
+    text, fps = value.get("video"), value.get("fps")
+    fps = limits.fps if fps is None else fps
     if not isinstance(text, str):
         raise ImageRejected("invalid_image", field, f"\"video\" must be a base64 string, got {type(text).__name__}")
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not math.isfinite(fps) or fps <= 0:

@@ -90,6 +90,8 @@ class DeadLetterError(ErrorInfo):
     headers), ``model_load_failed`` (the pack's model could not be loaded), ``undecodable_record`` (the Kafka client could not parse the record:
     a header key that is not UTF-8, a corrupt batch, an unknown compression codec),
     ``record_too_large`` (the score record would exceed the size the producer or topic accepts),
+    ``invalid_image`` / ``image_too_large`` (a picture or video field that cannot be read, or is
+    over a limit), ``unsupported_image`` (pictures for a model that reads text only),
     ``engine_error`` (the engine failed on this message alone), or another kind the engine reports.
     """
 

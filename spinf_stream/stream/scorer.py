@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
 
+from spinf_stream.images import is_picture_value
 from spinf_stream.engine.results import ErrorInfo, ErrorRecord, ModelRef, QuestionScore, ScoreRecord
 from spinf_stream.messages import Message
 from spinf_stream.stream.records import Truncation
@@ -170,7 +171,7 @@ def _over_bound(
         return None
     for name in pack_fields:
         text = fields.get(name)
-        if isinstance(text, str) and len(text) > PRECUT_CHARS:
+        if isinstance(text, str) and len(text) > PRECUT_CHARS and not is_picture_value(text):  # not a data URL
             limit = int(bound(text))
             if limit < len(text):
                 return name, limit
@@ -189,7 +190,7 @@ def _truncate_to_fit(
     pack_fields: Sequence[str], rejected: Prepared, known: tuple[str, int] | None, deadline: float | None,
     clock: Callable[[], float],
 ) -> Prepared:
-    texts = [(len(fields[f]), f) for f in pack_fields if isinstance(fields.get(f), str)]
+    texts = [(len(fields[f]), f) for f in pack_fields if isinstance(fields.get(f), str) and not is_picture_value(fields[f])]
     if not texts:
         return rejected
     length, name = max(texts)  # the longest field: the body, not the title
