@@ -85,6 +85,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF directory of a random-weight multimodal Gemma 3 (:func:`tiny.build_tiny_gemma3_vl`)."""
+    from spinf_stream.models.resolve import resolve
+    from tiny import TOKENIZER_OF, build_tiny_gemma3_vl
+
+    return build_tiny_gemma3_vl(tmp_path_factory.mktemp("tiny_vl"), resolve(TOKENIZER_OF["gemma3"]).path)
+
+
+@pytest.fixture(scope="session")
 def loaded():
     """``(model dir) -> (Decoder, tokenizer)``, each loaded once per session."""
     from transformers import AutoTokenizer

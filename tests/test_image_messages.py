@@ -24,9 +24,7 @@ from spinf_stream.models import load_decoder
 from spinf_stream.models.triton_backend import interpreter_on
 from spinf_stream.packs import Pack, parse_pack
 
-IMAGE_SIZE = 20
-TOKENS_PER_IMAGE = 4
-MARKERS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+from tiny import VL_IMAGE_SIZE as IMAGE_SIZE, VL_TOKENS_PER_IMAGE as TOKENS_PER_IMAGE
 
 ONE = """\
 name: photo_check
@@ -56,37 +54,16 @@ questions:
 
 
 @pytest.fixture(scope="module")
-def gemma3_vl(tmp_path_factory):
-    """A saved random-weight ``Gemma3ForConditionalGeneration`` (sliding window 3, shorter than
-    an image's 4 soft tokens) with the Gemma 3 tokenizer: ``(path, model, processor)``."""
-    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
+def gemma3_vl(tiny_vl):
+    """The tiny multimodal model: ``(path, transformers model, transformers processor)``."""
+    from transformers import AutoTokenizer, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    from spinf_stream.models.resolve import resolve
-
-    tok = AutoTokenizer.from_pretrained(str(resolve("gemma-3-270m").path), extra_special_tokens=MARKERS)
-    torch.manual_seed(0)
-    config = Gemma3Config(
-        text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
-                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 3,
-                     "query_pre_attn_scalar": 16, "max_position_embeddings": 512, "final_logit_softcapping": 30.0,
-                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
-        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "image_size": IMAGE_SIZE, "patch_size": 5, "layer_norm_eps": 1e-6},
-        mm_tokens_per_image=TOKENS_PER_IMAGE, image_token_index=tok.image_token_id,
-        boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
-    )
-    model = Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # every tensor random (norms and the projector start at constants)
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.1 if p.ndim == 1 else 0.08))
-        model.model.multi_modal_projector.mm_input_projection_weight.normal_()
-    path = tmp_path_factory.mktemp("gemma3_vl")
-    model.save_pretrained(str(path))
-    tok.save_pretrained(str(path))
+    model = Gemma3ForConditionalGeneration.from_pretrained(str(tiny_vl), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_vl))
     processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}),
                                 tokenizer=tok, image_seq_length=TOKENS_PER_IMAGE)
-    return path, model, processor
+    return tiny_vl, model, processor
 
 
 @pytest.fixture(scope="module")

@@ -99,3 +99,41 @@ def build_tiny(family: str, out: Path, tokenizer_dir: Path, seed: int = 0) -> Pa
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
+
+
+#: Gemma 3's image markers as the tokenizer's named special tokens (what ``Gemma3Processor`` reads)
+IMAGE_MARKERS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+#: the tiny multimodal model's picture side and soft tokens per picture
+VL_IMAGE_SIZE = 20
+VL_TOKENS_PER_IMAGE = 4
+
+
+def build_tiny_gemma3_vl(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Save a random-weight ``Gemma3ForConditionalGeneration`` (SigLIP tower of 2 layers, 20-pixel
+    pictures in 5-pixel patches, 4 soft tokens a picture; a 3-layer text model with a sliding
+    window of 3, shorter than a picture) with the Gemma 3 tokenizer of ``tokenizer_dir`` plus its
+    image soft token, as Gemma 3's multimodal checkpoints ship it (``<image_soft_token>`` after
+    the vocabulary)."""
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), extra_special_tokens=IMAGE_MARKERS)
+    torch.manual_seed(seed)
+    config = Gemma3Config(
+        text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 3,
+                     "query_pre_attn_scalar": 16, "max_position_embeddings": 512, "final_logit_softcapping": 30.0,
+                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": VL_IMAGE_SIZE, "patch_size": 5, "layer_norm_eps": 1e-6},
+        mm_tokens_per_image=VL_TOKENS_PER_IMAGE, image_token_index=tok.image_token_id,
+        boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
+    )
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # every tensor random (norms and the projector start at constants)
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if p.ndim == 1 else 0.08))
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
