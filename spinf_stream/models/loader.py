@@ -163,5 +163,6 @@ def load_decoder(
         # GPTQ/AWQ: unpacked and dequantized exactly, kept in the pass's weight dtype
         sd = dequantize_state_dict(sd, int4, dtype if isinstance(dtype, torch.dtype) else torch.bfloat16)
     decoder = build_decoder(spec, sd, dtype=dtype, device=device, backend=backend)
-    decoder.vision = ImageReader.from_config(config, sd)  # fp32, on the CPU
+    reader = ImageReader.from_config(config, sd)  # fp32, on the decoder's device
+    decoder.vision = None if reader is None else ImageReader(reader.format, reader.tower.to(device))
     return decoder

@@ -83,6 +83,16 @@ class VisionTower:
     eps: float
     tokens_per_image: int
 
+    def to(self, device: torch.device | str) -> VisionTower:
+        """This tower with every tensor on ``device`` (still fp32)."""
+        move = lambda t: t.to(device)  # noqa: E731
+        layers = [SiglipLayer(*(tuple(map(move, f)) if isinstance(f, tuple) else move(f)
+                                for f in (ly.norm1, ly.qkv, ly.qkv_bias, ly.out, ly.out_bias, ly.norm2, ly.fc1, ly.fc1_bias,
+                                          ly.fc2, ly.fc2_bias))) for ly in self.layers]
+        return VisionTower(move(self.patch), move(self.patch_bias), move(self.positions), layers,
+                           (move(self.post_norm[0]), move(self.post_norm[1])), move(self.soft_norm),
+                           move(self.projection), self.heads, self.eps, self.tokens_per_image)
+
     @property
     def image_size(self) -> int:
         """Pixels on each side of the tower's input."""
@@ -99,7 +109,7 @@ class VisionTower:
         if tuple(pixel_values.shape) != (3, s, s):
             raise ValueError(f"pixel values must be [3, {s}, {s}], got {list(pixel_values.shape)}")
         e = self.patch.shape[0]
-        x = F.conv2d(pixel_values[None].float(), self.patch, self.patch_bias, stride=self.patch.shape[-1])
+        x = F.conv2d(pixel_values[None].float().to(self.patch.device), self.patch, self.patch_bias, stride=self.patch.shape[-1])
         side = x.shape[-1]
         h = x.flatten(2).transpose(1, 2)[0] + self.positions  # [N, E]
         d = e // self.heads
