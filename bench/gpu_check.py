@@ -28,7 +28,10 @@ ratios of questions/s. Then the same documents with 4 more questions that each g
 ``--tiny``: 2 of 3 tokens), as ``extraction`` in each line: questions/s of the whole pack,
 extracted tokens/s, decode passes against the longest extraction, digests (choices and
 extractions) equal alone, in the batch and reversed under a budget below one document, and the
-ratio to (b) with one greedy ``generate`` call per extraction question. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
+ratio to (b) with one greedy ``generate`` call per extraction question. Last, ``vision``: a
+random-weight Gemma 3 4B multimodal model (SigLIP tower, 256 soft tokens a picture) reading 16
+documents of a picture between 40 text tokens with 20 questions each: images/s, questions/s, the
+tower's seconds per picture, digests equal alone, in the batch, reversed and split. Goals on one H200 (issue 7): >= 1,500 q/s fp8 and >= 800 q/s bf16 on the
 12B shape, >= 5x (b), MFU >= 50 %, digests equal, <= 5 % slower than ``--non-invariant``.
 """
 
@@ -396,6 +399,91 @@ def run_setting(
     return out
 
 
+def vision_config(tiny: bool) -> Any:
+    """Gemma 3 4B's multimodal architecture (SigLIP so400m at 896 pixels in 14-pixel patches, 256
+    soft tokens a picture; text hidden 2560, 34 layers, 8 / 4 heads of 256, MLP 10240, sliding
+    window 1024 on 5 of 6 layers), or a tiny one."""
+    from transformers import Gemma3Config
+
+    if tiny:
+        vocab, layers, n = 512, 3, 4
+        text = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    sliding_window=16, query_pre_attn_scalar=16, max_position_embeddings=2048)
+        vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=20,
+                      patch_size=5)
+    else:
+        vocab, layers, n = 262208, 34, 256
+        text = dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                    sliding_window=1024, query_pre_attn_scalar=256, max_position_embeddings=131072, rope_theta=1_000_000.0)
+        vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                      image_size=896, patch_size=14)
+    kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    return Gemma3Config(
+        text_config={**text, "vocab_size": vocab, "num_hidden_layers": layers, "layer_types": kinds},
+        vision_config={**vision, "layer_norm_eps": 1e-6}, mm_tokens_per_image=n,
+        image_token_index=vocab - 1, boi_token_index=vocab - 3, eoi_token_index=vocab - 2,
+    )
+
+
+def vision_check(tiny: bool, device: torch.device, budget: int) -> dict[str, Any]:
+    """Pictures with questions: each document is 20 tokens, a picture (its markers and soft
+    tokens), 20 tokens, then 20 questions of 13 tokens (``--tiny``: 3 documents, 4 questions of 5).
+    Images/s and questions/s of the engine (the tower's time included), the tower's seconds per
+    picture, and digests equal alone, in the batch, reversed and under a budget below one document."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    from spinf_stream.engine.segment import ImageSlot
+    from spinf_stream.models.loader import text_names
+    from spinf_stream.models.vision import ImageReader
+
+    config = vision_config(tiny)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with device:
+        model = Gemma3ForConditionalGeneration(config).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05 if p.ndim == 1 else 0.02)
+    sd = text_names(dict(model.state_dict()))
+    decoder = build_decoder(spec_for(config), sd, dtype=dtype, device=device, backend=make_backend("triton"))
+    reader = ImageReader.from_config(config, sd)
+    assert reader is not None
+    decoder.vision = ImageReader(reader.format, reader.tower.to(device))
+    del model
+    vocab, n, side = config.text_config.vocab_size, config.mm_tokens_per_image, config.vision_config.image_size
+    docs, questions, q_len = (3, 4, 5) if tiny else (16, 20, 13)
+    plain = workload(vocab - 8, docs, 40, questions, q_len, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    prepared = []
+    for m in plain:
+        content = (*m.content[:20], vocab - 3, *([vocab - 1] * n), vocab - 2, *m.content[20:])
+        pixels = torch.rand(3, side, side, generator=gen) * 2 - 1
+        prepared.append(dataclasses.replace(m, content=content, images=(ImageSlot(21, n, pixels),)))
+    n_choices = [2] * questions
+    score_passes(decoder, prepared[:1], budget, None, 0, n_choices)  # compile the kernels
+    sync(device)
+    t0 = time.perf_counter()
+    decoder.vision.soft_tokens(prepared[0].images[0].image)
+    sync(device)
+    tower_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    batch, stats = score_passes(decoder, prepared, budget, None, 0, n_choices)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    alone = [score_passes(decoder, [m], budget, None, 0, n_choices)[0][0] for m in prepared]
+    reverse = score_passes(decoder, prepared[::-1], budget, None, 0, n_choices)[0][::-1]
+    small = score_passes(decoder, prepared, max(prepared[0].n_tokens // 3, 8), None, 0, n_choices)[0]
+    d = [[digest(s) for s in sums] for sums in (batch, alone, reverse, small)]
+    return {
+        "check": "vision", "shape": "tiny-gemma3-vl" if tiny else "gemma3-4b-vl", "dtype": str(dtype).removeprefix("torch."),
+        "documents": docs, "questions": docs * questions, "passes": stats.passes, "tokens": stats.tokens_computed,
+        "seconds": round(seconds, 4), "images_per_s": round(docs / seconds, 2),
+        "questions_per_s": round(docs * questions / seconds, 1), "tower_seconds_per_image": round(tower_s, 4),
+        "digests_equal": d[0] == d[1] == d[2] == d[3],
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+    }
+
+
 def compiled_kernels() -> list[dict[str, Any]]:
     """Every Triton kernel compiled in this process so far, read as tests/test_kernel_targets.py
     reads the kernels it compiles (``spinf_stream.kernels.aot.inspect``: registers per thread and
@@ -437,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-docs", type=int, default=8, metavar="N",
                     help="documents the transformers baselines run over (their rate is per question; default 8)")
     ap.add_argument("--shapes", nargs="*", metavar="SHAPE",
-                    help="subset of the shapes (default all): gemma3-12b, qwen3-8b; with --tiny: tiny-gemma3")
+                    help="subset of the shapes (default all): gemma3-12b, qwen3-8b, vision (Gemma 3 4B with "
+                    "pictures); with --tiny: tiny-gemma3, vision")
     args = ap.parse_args(argv)
     shapes = configs(args.tiny)
-    unknown = sorted(set(args.shapes or ()) - set(shapes))
+    unknown = sorted(set(args.shapes or ()) - set(shapes) - {"vision"})
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}; use {', '.join(shapes)}")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -501,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             print(json.dumps({"check": "compiled_kernels", "shape": name, "kernels": compiled_kernels()}), flush=True)
+    if not args.shapes or "vision" in args.shapes:
+        print(json.dumps(vision_check(args.tiny, device, budget)), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print(json.dumps({"check": "done", "seconds": round(time.perf_counter() - t_start, 1)}), flush=True)
     return 0
 

@@ -39,7 +39,12 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         sd.update(load_file(str(f)))
-    # Multimodal checkpoints nest the text model; keep the text weights under plain names.
+    return text_names(sd)
+
+
+def text_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with a multimodal checkpoint's text model under the plain names (``model.layers...``);
+    the vision tower's and projector's tensors keep theirs."""
     out = {}
     for name, t in sd.items():
         for p in ("model.language_model.", "language_model.model.", "language_model."):

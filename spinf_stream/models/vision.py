@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+
+if TYPE_CHECKING:  # Pillow is imported where a picture is read: the decoder runs without it
+    from PIL import Image
 
 __all__ = ["GEMMA3_MARKERS", "ImageFormat", "ImageReader", "SiglipLayer", "VisionTower", "gemma3_pixel_values"]
 
@@ -32,6 +35,8 @@ def gemma3_pixel_values(image: Image.Image, size: int) -> torch.Tensor:
     Raises:
         ValueError: ``image`` is not RGB (see :func:`spinf_stream.images.decode_image`).
     """
+    from PIL import Image
+
     if image.mode != "RGB":
         raise ValueError(f"an image reaches the tower as RGB, got mode {image.mode}")
     resized = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR))  # [size, size, 3] uint8
@@ -211,8 +216,11 @@ class ImageReader:
     format: ImageFormat
     tower: VisionTower
 
-    def soft_tokens(self, image: Image.Image) -> torch.Tensor:
-        """``[tokens_per_image, hidden]`` fp32 of an RGB picture (:func:`gemma3_pixel_values`)."""
+    def soft_tokens(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        """``[tokens_per_image, hidden]`` fp32 of an RGB picture (:func:`gemma3_pixel_values`), or
+        of its pixel values ``[3, S, S]`` already made."""
+        if isinstance(image, torch.Tensor):
+            return self.tower.soft_tokens(image)
         return self.tower.soft_tokens(gemma3_pixel_values(image, self.tower.image_size))
 
     @classmethod
