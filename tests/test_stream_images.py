@@ -1,4 +1,4 @@
-"""Picture messages through ``spinf-stream score`` and the Kafka service, on the tiny multimodal
+"""Picture messages through ``spinf-stream score``, ``serve`` and the Kafka service, on the tiny multimodal
 Gemma 3 and the real broker: the example product photos score as offline; broken or oversized
 pictures (a truncated PNG, a 1-pixel image, a 100-megapixel header, bytes that are no image, a
 video that is none) go to the dead-letter topic with their reason, and nothing stops the
@@ -7,6 +7,7 @@ partition."""
 from __future__ import annotations
 
 import asyncio
+import os
 import base64
 import io
 import struct
@@ -104,3 +105,34 @@ def test_the_service_scores_photos_and_dead_letters_bad_ones(topics, tiny_vl):
     for m in metas:
         end[m.partition] = max(end.get(m.partition, 0), m.offset + 1)
     assert committed_offsets(t, settings.group_id) == end
+
+
+def test_serve_scores_photos_as_the_engine_does(tiny_vl, tmp_path):
+    """``spinf-stream serve`` with the example pack: /v1/score takes picture fields as the input
+    topic does; a bad picture is an error record in its place."""
+    import httpx
+    from test_api import wait_for_api
+
+    from broker import CLI
+    from spinf_stream.stream.broker import free_port
+
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") or k == "SPINF_CACHE_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*CLI, "serve", "--model", str(tiny_vl), "--pack", str(PACK), "--token-budget", "512",
+                                 "--api-port", str(port), "--device", "cpu", "--dtype", "float32"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = wait_for_api(port, proc, log)
+        rows = [orjson.loads(line) for line in PHOTOS.read_bytes().splitlines()][:3]
+        bad = {"id": "bad", "photo": BAD["truncated"][0], "title": "a mug"}
+        r = httpx.post(f"{url}/v1/score", json={"pack": "product_photo", "messages": [*rows, bad]}, timeout=120)
+        assert r.status_code == 200, r.text
+        got = r.json()["records"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    want = Engine.load(model=str(tiny_vl), pack=PACK, token_budget=512).score([Message(m["id"], m) for m in rows])
+    assert [g["digest"] for g in got[:3]] == [w.digest for w in want]
+    assert got[3]["error"]["kind"] == "invalid_image"
