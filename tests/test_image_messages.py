@@ -263,3 +263,18 @@ def test_a_bad_video_is_an_error_record(engine_of, value, kind):
     engine = engine_of(TWO)
     (rec,) = engine.score([Message("m", {"before": value, "note": "x", "after": "y"})])
     assert rec.error.kind == kind and "before" in rec.error.message
+
+
+def test_a_messages_bits_do_not_depend_on_the_thread_count(gemma3_vl):
+    from transformers import AutoTokenizer
+
+    path = gemma3_vl[0]
+    tok = AutoTokenizer.from_pretrained(str(path))
+    msgs = [Message(f"m{i}", {"before": {"image": png_b64(picture(30 + i))}, "note": "n" * (i + 1),
+                              "after": [{"image": png_b64(picture(40 + i))}, {"image": png_b64(picture(50 + i))}]})
+            for i in range(3)]
+    digests = []
+    for threads in (1, 2, 3):
+        engine = Engine(load_decoder(path, threads=threads), tok, _pack(TWO), "tiny-gemma3-vl", 4096)
+        digests.append([r.digest for r in engine.score(msgs)])
+    assert digests[0] == digests[1] == digests[2]
