@@ -46,13 +46,16 @@ class ImageLimits:
         max_bytes: encoded bytes of one image (after base64 decoding).
         max_pixels: width × height one image's header may declare.
         min_side: the fewest pixels on either side.
-        max_images: images in one message.
+        max_images: images in one message (a video's frames count).
+        max_message_pixels: width × height of all of one message's images together (each
+            checked from its header before it is decoded).
     """
 
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
     min_side: int = 2
     max_images: int = 16
+    max_message_pixels: int = 64_000_000
 
 
 class ImageRejected(ValueError):
@@ -66,10 +69,10 @@ class ImageRejected(ValueError):
 
 
 def is_image_value(value: Any) -> bool:
-    """Whether a field's JSON value is meant as an image: an object whose only key is
-    ``image``, or a string that starts as a ``data:image/`` URL."""
+    """Whether a field's JSON value is meant as an image: an object with an ``image`` key, or a
+    string that starts as a ``data:image/`` URL."""
     if isinstance(value, Mapping):
-        return set(value) == {"image"}
+        return "image" in value
     return isinstance(value, str) and value[:11].lower() == "data:image/"
 
 
@@ -79,6 +82,8 @@ def _encoded(value: Any, field: str, limits: ImageLimits) -> tuple[bytes, str | 
         data, fmt = bytes(value), None
     else:
         if isinstance(value, Mapping):
+            if set(value) != {"image"}:
+                raise ImageRejected("invalid_image", field, f"an image object holds \"image\" only, got {sorted(value)}")
             text, fmt = value.get("image"), None
             if not isinstance(text, str):
                 raise ImageRejected("invalid_image", field, f"\"image\" must be a base64 string, got {type(text).__name__}")
@@ -107,8 +112,9 @@ def _encoded(value: Any, field: str, limits: ImageLimits) -> tuple[bytes, str | 
     return data, fmt
 
 
-def decode_image(value: Any, field: str, limits: ImageLimits = ImageLimits()) -> Image.Image:
+def decode_image(value: Any, field: str, limits: ImageLimits = ImageLimits(), pixels_left: int | None = None) -> Image.Image:
     """A field's image decoded to RGB (``mode == "RGB"``, ``size == (width, height)`` pixels).
+    ``pixels_left``: what the message's images may still hold (``None``: ``max_message_pixels``).
 
     Raises:
         ImageRejected: ``invalid_image`` or ``image_too_large`` (see the module's text).
@@ -129,6 +135,9 @@ def decode_image(value: Any, field: str, limits: ImageLimits = ImageLimits()) ->
     w, h = img.size
     if w * h > limits.max_pixels:
         raise ImageRejected("image_too_large", field, f"{w}×{h} pixels; at most {limits.max_pixels} in all")
+    if w * h > (limits.max_message_pixels if pixels_left is None else pixels_left):
+        raise ImageRejected("image_too_large", field, f"{w}×{h} pixels; the message's images hold at most "
+                            f"{limits.max_message_pixels} together")
     if min(w, h) < limits.min_side:
         raise ImageRejected("invalid_image", field, f"{w}×{h} pixels; each side needs at least {limits.min_side}")
     try:
@@ -157,24 +166,30 @@ def is_picture_value(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and is_image_value(value[0])
 
 
-def field_pictures(value: Any, field: str, limits: ImageLimits = ImageLimits()) -> list[Image.Image]:
+def field_pictures(value: Any, field: str, limits: ImageLimits = ImageLimits(), pixels_left: int | None = None,
+                   ) -> list[Image.Image]:
     """A picture field's pictures, RGB, in order: one for an image, the frames taken for a video
-    or given as an array.
+    or given as an array. ``pixels_left``: what the message's pictures may still hold (``None``:
+    ``limits.max_message_pixels``).
 
     Raises:
-        ImageRejected: ``invalid_image`` or ``image_too_large`` (frames past ``max_images`` too).
+        ImageRejected: ``invalid_image`` or ``image_too_large`` (frames past ``max_images``, or
+            pixels past ``pixels_left``, too).
     """
     from .video import decode_video, is_video_value
 
+    left = limits.max_message_pixels if pixels_left is None else pixels_left
     if is_video_value(value):
-        frames = decode_video(value, field, images=limits)
-    elif isinstance(value, list):
+        return decode_video(value, field, images=limits, pixels_left=left)
+    if isinstance(value, list):
         if len(value) > limits.max_images:
             raise ImageRejected("image_too_large", field, f"{len(value)} frames; a message holds at most {limits.max_images} images")
-        frames = [decode_image(v, f"{field}[{i}]", limits) for i, v in enumerate(value)]
-    else:
-        frames = [decode_image(value, field, limits)]
-    return frames
+        frames = []
+        for i, v in enumerate(value):
+            frames.append(decode_image(v, f"{field}[{i}]", limits, left))
+            left -= frames[-1].width * frames[-1].height
+        return frames
+    return [decode_image(value, field, limits, left)]
 
 
 def message_images(fields: Mapping[str, Any], limits: ImageLimits = ImageLimits()) -> dict[str, Image.Image]:

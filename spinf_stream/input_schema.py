@@ -19,8 +19,8 @@ class ImageValue(BaseModel):
 
 
 class VideoValue(BaseModel):
-    """A video FFmpeg decodes (MP4, WebM, ...), base64: the frames at or after each k / fps
-    seconds are read, at most 8, each as a picture."""
+    """An MP4/MOV or WebM/Matroska video, base64: the frames at or after each k / fps seconds
+    are read, at most 8, each as a picture."""
 
     model_config = ConfigDict(extra="forbid")
     video: str = Field(description="The encoded video, base64.")

@@ -1,9 +1,10 @@
 """A message field holding a video → the frames the model reads, or the reason it has none.
 
 A field holds a video as a JSON object ``{"video": "<base64>"}`` with an optional ``"fps"``
-(frames per second to take, a positive number; default :attr:`VideoLimits.fps`). The container
-and codec are whatever FFmpeg reads (MP4 with H.264 or MPEG-4 Part 2, WebM, ...), decoded by
-PyAV. Frames taken: for k = 0, 1, 2, ... the first decoded frame whose presentation time is at
+(frames per second to take, a positive number; default :attr:`VideoLimits.fps`). Containers:
+MP4/MOV and WebM/Matroska (told by their first bytes, opened by name), any codec FFmpeg decodes
+in them (H.264, MPEG-4 Part 2, VP8, VP9, AV1, ...), by PyAV; no frame over the pixel limit is
+decoded, not even while FFmpeg probes the stream. Frames taken: for k = 0, 1, 2, ... the first decoded frame whose presentation time is at
 or after ``k / fps`` seconds, the first :attr:`VideoLimits.max_frames` of them. Each is converted
 to RGB by FFmpeg's ``rgb24`` conversion and read as a picture (:mod:`spinf_stream.images`).
 
@@ -41,26 +42,46 @@ class VideoLimits:
 
 
 def is_video_value(value: Any) -> bool:
-    """Whether a field's JSON value is meant as a video: an object with a ``video`` key (and at
-    most an ``fps`` beside it)."""
-    return isinstance(value, Mapping) and "video" in value and set(value) <= {"video", "fps"}
+    """Whether a field's JSON value is meant as a video: an object with a ``video`` key."""
+    return isinstance(value, Mapping) and "video" in value
+
+
+def container_format(data: bytes) -> str | None:
+    """FFmpeg's demuxer for ``data`` by its first bytes: ``mp4`` (an ISO media file: MP4, MOV,
+    their ``ftyp`` box at byte 4) or ``matroska`` (WebM, MKV: the EBML magic); ``None`` for
+    anything else. Only these are opened, each by name: FFmpeg is never left to guess a format
+    from the content (its ``concat`` and playlist formats open other files)."""
+    if data[4:8] == b"ftyp":
+        return "mp4"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"
+    return None
 
 
 def decode_video(
     value: Mapping[str, Any], field: str, limits: VideoLimits = VideoLimits(), images: ImageLimits = ImageLimits(),
+    pixels_left: int | None = None,
 ) -> list[Image.Image]:
     """The frames of a field's video, RGB, in time order (the module's text says which).
+    ``pixels_left``: what the message's pictures may still hold (frames count one by one).
 
     Raises:
         ImageRejected: ``invalid_image`` or ``image_too_large`` naming the field.
     """
     import av  # PyAV: FFmpeg's decoders; imported when a video comes
 
+    extra = sorted(set(value) - {"video", "fps"})
+    if extra:
+        raise ImageRejected("invalid_image", field, f"a video object holds \"video\" and \"fps\" only, got {extra}")
     text, fps = value.get("video"), value.get("fps")
     fps = limits.fps if fps is None else fps
     if not isinstance(text, str):
         raise ImageRejected("invalid_image", field, f"\"video\" must be a base64 string, got {type(text).__name__}")
-    if isinstance(fps, bool) or not isinstance(fps, int | float) or not math.isfinite(fps) or fps <= 0:
+    try:
+        ok = not isinstance(fps, bool) and isinstance(fps, int | float) and math.isfinite(float(fps)) and fps > 0
+    except OverflowError:
+        ok = False
+    if not ok:
         raise ImageRejected("invalid_image", field, "\"fps\" must be a positive number of frames per second")
     if len(text) // 4 * 3 > limits.max_bytes + 3:
         raise ImageRejected("image_too_large", field, f"about {len(text) // 4 * 3} bytes encoded; at most {limits.max_bytes}")
@@ -68,21 +89,33 @@ def decode_video(
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ImageRejected("invalid_image", field, "the video is not valid base64") from None
+    fmt = container_format(data)
+    if fmt is None:
+        raise ImageRejected("invalid_image", field, "the bytes are not an MP4/MOV or WebM/Matroska video")
+    left = images.max_pixels * limits.max_frames if pixels_left is None else pixels_left
+    # FFmpeg's own bound: no frame over max_pixels is decoded, not even while probing the stream
+    bound = {"max_pixels": str(images.max_pixels)}
     frames: list[Image.Image] = []
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        with av.open(io.BytesIO(data), mode="r", format=fmt, stream_options=[bound] * 16) as container:
             if not container.streams.video:
                 raise ImageRejected("invalid_image", field, "the data holds no video stream")
             stream = container.streams.video[0]
             w, h = stream.codec_context.width, stream.codec_context.height
-            if w * h > images.max_pixels:
-                raise ImageRejected("image_too_large", field, f"{w}×{h} pixels a frame; at most {images.max_pixels}")
+            if w * h == 0:
+                raise ImageRejected("image_too_large", field, f"its frames are not decoded within {images.max_pixels} "
+                                    "pixels a frame")
+            end = container.duration / 1e6 if container.duration else None  # seconds (AV_TIME_BASE)
             for frame in container.decode(stream):
                 if frame.time is None or frame.time < len(frames) / fps - 1e-9:
                     continue
+                left -= frame.width * frame.height
+                if left < 0:
+                    raise ImageRejected("image_too_large", field, "its frames hold more pixels than a message's "
+                                        "pictures may")
                 frames.append(frame.to_image())  # rgb24
-                if len(frames) == limits.max_frames:
-                    break
+                if len(frames) == limits.max_frames or (end is not None and len(frames) / fps > end):
+                    break  # the next frame asked for lies past the video's end: decode no further
     except ImageRejected:
         raise
     except Exception:  # FFmpeg cannot open or decode it

@@ -175,9 +175,9 @@ class PassLayout:
     as ``(start, length, parent)`` in that key space (parent -1: a root), ``query_start`` the key
     index of pass row 0. ``kept_rows``: ``(start, length)`` runs of pass rows whose per-layer
     keys/values the forward pass returns after the kept contents' (a decode step's history).
-    ``images``: ``(pass row, slot)`` of each picture whose content is fed: rows
-    ``[row, row + slot.length)`` take the picture's soft tokens as embeddings; ``blocks``: the
-    same runs in key space, each visible whole to its own rows.
+    ``images``: ``(pass row, slot)`` of each picture tile whose content is fed: rows
+    ``[row, row + slot.length)`` take the tile's soft tokens as embeddings; ``blocks``: the
+    bidirectional ones' runs in key space, each visible whole to its own rows.
     """
 
     input_ids: torch.Tensor
@@ -282,7 +282,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
                     pass_segments.append((s + i, 1, s + par, True))
         read_offsets.append(offsets)
         width = max((len(b) for b in m.branches), default=1)
-        spans = tuple((im.start, im.length) for im in m.images) if w.with_content else ()
+        spans = tuple((im.start, im.length) for im in m.images if im.bidirectional) if w.with_content else ()
         plans.append(MessagePlan(prefix, L, start, carried, w.keep_kv, width, tuple(branches), w.decode, spans))
     q0 = preamble_len + sum(carried_lens)
     segments: list[tuple[int, int, int]] = []
@@ -302,7 +302,7 @@ def build_pass(works: Sequence[Work], preamble_len: int = 0) -> PassLayout:
         carried_lens=tuple(carried_lens),
         segments=tuple(segments),
         images=tuple(images),
-        blocks=tuple((q0 + row, im.length) for row, im in images),
+        blocks=tuple((q0 + row, im.length) for row, im in images if im.bidirectional),
     )
 
 

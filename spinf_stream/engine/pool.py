@@ -39,7 +39,7 @@ from spinf_stream.engine.segment import PreparedMessage, Segmenter
 from spinf_stream.engine.tokenizer import SpecialTokensInFields
 from spinf_stream.messages import Message
 from spinf_stream.models import QUANTIZED, Decoder, ModelSpec, load_decoder, numerics, spec_for
-from spinf_stream.models.vision import ImageFormat
+from spinf_stream.models.vision import ImageFormat, processor_settings
 from spinf_stream.models.backend import choose
 from spinf_stream.models.ops import QuantizedWeight
 from spinf_stream.packs import Pack, load_pack
@@ -197,7 +197,7 @@ class EnginePool:
         config = AutoConfig.from_pretrained(str(resolved.path))
         spec = spec_for(config)
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
-        m = _Model(key, resolved, tokenizer, spec, int4, ImageFormat.from_config(config))
+        m = _Model(key, resolved, tokenizer, spec, int4, ImageFormat.from_config(config, processor_settings(resolved.path)))
         self._models[key] = m
         return m
 

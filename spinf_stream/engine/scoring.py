@@ -86,8 +86,12 @@ def prepare_with(
         bad: ErrorRecord | None = None
         for name in segmenter.pack.fields:
             if name in m.fields and is_picture_value(m.fields[name]):
+                if segmenter.images is None:  # refused before any byte of it is decoded
+                    bad = _error(m.id, "unsupported_image", f"field {name!r} holds an image; this model reads text only")
+                    break
                 try:
-                    pictures[name] = field_pictures(m.fields[name], name, limits)
+                    left = limits.max_message_pixels - sum(p.width * p.height for ps in pictures.values() for p in ps)
+                    pictures[name] = field_pictures(m.fields[name], name, limits, left)
                     if sum(len(p) for p in pictures.values()) > limits.max_images:
                         raise ImageRejected("image_too_large", name, f"a message holds at most {limits.max_images} images")
                     continue

@@ -63,13 +63,15 @@ class Branch:
 
 @dataclass(frozen=True, eq=False)
 class ImageSlot:
-    """One picture of a message: its soft-token rows ``content[start : start + length]``, whose
-    embeddings the model's image reader replaces (``image``: an RGB ``PIL.Image``) and which
-    attend to each other both ways (a block of the mask)."""
+    """One picture tile of a message: its soft-token rows ``content[start : start + length]``,
+    whose embeddings the model's image reader replaces (``image``: the tile's pixel values
+    ``[3, S, S]`` float32), attending to each other both ways when ``bidirectional`` (a block of
+    the mask; Gemma 3), else causally."""
 
     start: int
     length: int
     image: Any
+    bidirectional: bool = True
 
 
 @dataclass(frozen=True)
@@ -220,10 +222,10 @@ class Segmenter:
         self.preamble_ids, self.preamble_chars = self._preamble_cut()
 
     def _check_image_text(self) -> None:
-        """The image text must tokenize to one run of exactly ``tokens_per_image`` soft tokens,
-        wherever a prompt places it (as the pack's own text)."""
+        """A picture's text must tokenize to one run of exactly ``tokens_per_image`` soft tokens
+        per tile, wherever a prompt places it (as the pack's own text)."""
         r = self.images
-        (ids,) = self.tokenizer.encode([Prompt("a" + r.text + "b")], add_special_tokens=False)
+        (ids,) = self.tokenizer.encode([Prompt("a" + r.text() + "b")], add_special_tokens=False)
         runs = _runs(ids, r.image_token_id)
         if [n for _, n in runs] != [r.tokens_per_image]:
             raise ValueError(
@@ -325,25 +327,28 @@ class Segmenter:
                 ``unsupported_image`` for a picture given to a text-only model, or in the field
                 the pack's views cut.
         """
-        images = images or {}
         if images and self.images is None:
             raise LayoutError("unsupported_image", f"field {next(iter(images))!r} holds an image; this model reads text only")
-        whole = self._prepare(index, msg_id, fields, images)
+        # each picture as its prompt text and tiles, once (views reuse them)
+        read = {name: [self.images.read(p) for p in pics] for name, pics in images.items()} if images else {}
+        whole = self._prepare(index, msg_id, fields, read)
         spec = self.pack.views
         if spec is None:
             return whole
-        if spec.field in images:
+        if spec.field in read:
             raise LayoutError("unsupported_image", f"field {spec.field!r} holds an image; the pack's views cut its text")
         decided = {k for k, q in enumerate(self.questions) if q.id in spec.questions}
         views = []
         for v in views_of(fields[spec.field], spec.prefixes, spec.suffixes):
-            m = self._prepare(index, msg_id, {**fields, spec.field: v.text}, images)
+            m = self._prepare(index, msg_id, {**fields, spec.field: v.text}, read)
             views.append(replace(m, branches=tuple(b for b in m.branches if b.question in decided),
                                  decode_tokens=0, view=v.name))
         return replace(whole, views=tuple(views))
 
-    def _prepare(self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Sequence[Any]]) -> PreparedMessage:
-        verbatim = {name: self.images.text * len(frames) for name, frames in images.items()} if images else None
+    def _prepare(
+        self, index: int, msg_id: str, fields: dict[str, str], images: Mapping[str, Sequence[tuple[str, list[Any]]]],
+    ) -> PreparedMessage:
+        verbatim = {name: "".join(text for text, _ in read) for name, read in images.items()} if images else None
         text, spans = self.pack.render_prompt_spans(fields, verbatim)
         pre = len(self.pack.preamble)
         head = Prompt(self.pack.preamble + text, tuple((a + pre, b + pre) for a, b in spans))
@@ -363,20 +368,23 @@ class Segmenter:
         slots = self._image_slots(content, images) if images else ()
         return PreparedMessage(index, msg_id, tuple(content), use_preamble, prefix_len, branches, decode, images=slots)
 
-    def _image_slots(self, content: Sequence[int], images: Mapping[str, Sequence[Any]]) -> tuple[ImageSlot, ...]:
-        """Where each picture's soft tokens sit in the content, in prompt order. The soft token
-        is written by the engine only (a field's text never yields it in ``plain`` mode)."""
-        order = [picture for f in self.pack.field_occurrences if f in images for picture in images[f]]
+    def _image_slots(
+        self, content: Sequence[int], images: Mapping[str, Sequence[tuple[str, list[Any]]]],
+    ) -> tuple[ImageSlot, ...]:
+        """Where each picture tile's soft tokens sit in the content, in prompt order. The soft
+        token is written by the engine only (a field's text never yields it in ``plain`` mode)."""
+        order = [tile for f in self.pack.field_occurrences if f in images for _, tiles in images[f] for tile in tiles]
         runs = _runs(content, self.images.image_token_id)
         n = self.images.tokens_per_image
         if [k for _, k in runs] != [n] * len(order):
             raise LayoutError(
                 "invalid_image",
                 f"the prompt's content holds {sum(k for _, k in runs)} image soft tokens where its "
-                f"{len(order)} image(s) need {n} each (with special_tokens_in_fields parse, a text field "
+                f"{len(order)} picture tile(s) need {n} each (with special_tokens_in_fields parse, a text field "
                 f"holding the image marker adds some)",
             )
-        return tuple(ImageSlot(start, k, picture) for (start, k), picture in zip(runs, order))
+        both = self.images.bidirectional
+        return tuple(ImageSlot(start, k, tile, both) for (start, k), tile in zip(runs, order))
 
     def _question_tokens(
         self, prompts: list[Prompt], seam: _SeamFinder, first: list[int], offsets: list[tuple[int, int]]

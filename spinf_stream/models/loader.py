@@ -14,7 +14,7 @@ from .decoder import Decoder, LayerWeights
 from .ops import Backend, QuantizedWeight, Weight
 from .registry import spec_for
 from .spec import ModelSpec
-from .vision import ImageReader
+from .vision import ImageReader, processor_settings
 
 #: Largest normal float8 e4m3 value (OCP 8-bit floating point spec, 2023).
 FP8_MAX = 448.0
@@ -47,7 +47,7 @@ def text_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     the vision tower's and projector's tensors keep theirs."""
     out = {}
     for name, t in sd.items():
-        for p in ("model.language_model.", "language_model.model.", "language_model."):
+        for p in ("model.language_model.", "language_model.model.", "language_model.", "model.text_model."):
             if name.startswith(p):
                 name = "model." + name[len(p):] if not name[len(p):].startswith("lm_head") else name[len(p):]
                 break
@@ -168,6 +168,6 @@ def load_decoder(
         # GPTQ/AWQ: unpacked and dequantized exactly, kept in the pass's weight dtype
         sd = dequantize_state_dict(sd, int4, dtype if isinstance(dtype, torch.dtype) else torch.bfloat16)
     decoder = build_decoder(spec, sd, dtype=dtype, device=device, backend=backend)
-    reader = ImageReader.from_config(config, sd)  # fp32, on the decoder's device
+    reader = ImageReader.from_config(config, sd, processor_settings(path))  # fp32, on the decoder's device
     decoder.vision = None if reader is None else ImageReader(reader.format, reader.tower.to(device))
     return decoder

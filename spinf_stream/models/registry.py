@@ -19,6 +19,8 @@ FAMILIES: dict[str, str] = {
     "gemma3_text": ".gemma3",
     "gemma3": ".gemma3",
 }
+#: multimodal checkpoints whose ``text_config`` is one of the families (Idefics3 / SmolVLM: Llama)
+MULTIMODAL = ("gemma3", "idefics3")
 
 
 class UnsupportedModel(ValueError):
@@ -26,12 +28,13 @@ class UnsupportedModel(ValueError):
 
 
 def spec_for(config: Any) -> ModelSpec:
-    """The :class:`ModelSpec` of a transformers config (multimodal Gemma 3: its text config).
+    """The :class:`ModelSpec` of a transformers config (multimodal Gemma 3 and Idefics3: their text config).
 
     Raises:
         UnsupportedModel: unknown ``model_type``.
     """
-    multimodal = getattr(config, "model_type", None) == "gemma3" and hasattr(config, "text_config")
+    multimodal = getattr(config, "model_type", None) in MULTIMODAL and hasattr(config, "text_config")
+    gemma = getattr(config, "model_type", None) == "gemma3"
     if multimodal:
         config = config.text_config
     mt = getattr(config, "model_type", None)
@@ -39,7 +42,7 @@ def spec_for(config: Any) -> ModelSpec:
         raise UnsupportedModel(f"model_type {mt!r} is not supported; supported: {sorted(FAMILIES)}")
     module = importlib.import_module(FAMILIES[mt], __package__)
     spec = module.spec_from_config(config)
-    if multimodal:
+    if multimodal and gemma:
         # transformers' Gemma3ForConditionalGeneration applies no final-logit soft cap (Gemma 3's
         # checkpoints set none; its text-only class applies one when set)
         spec = replace(spec, final_softcap=None)
