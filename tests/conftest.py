@@ -94,6 +94,15 @@ def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF directory of a random-weight Idefics3 / SmolVLM (:func:`tiny.build_tiny_idefics3`)."""
+    from spinf_stream.models.resolve import resolve
+    from tiny import TOKENIZER_OF, build_tiny_idefics3
+
+    return build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3"), resolve(TOKENIZER_OF["llama"]).path)
+
+
+@pytest.fixture(scope="session")
 def loaded():
     """``(model dir) -> (Decoder, tokenizer)``, each loaded once per session."""
     from transformers import AutoTokenizer

@@ -137,3 +137,43 @@ def build_tiny_gemma3_vl(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
+
+
+#: Idefics3's (SmolVLM's) image tokens: the special ones its processor adds, then the grid tags
+IDEFICS3_SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>"]
+IDEFICS3_TAGS = ["<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+
+
+def build_tiny_idefics3(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Save a random-weight ``Idefics3ForConditionalGeneration`` (SmolVLM's architecture: a SigLIP
+    tower of 2 layers on 20-pixel tiles in 5-pixel patches, a pixel shuffle by 2 to 4 soft tokens
+    a tile, a 2-layer Llama) with the SmolLM2 tokenizer of ``tokenizer_dir`` plus Idefics3's image
+    tokens, and its processor's settings (pictures resized to 40 pixels on the longest edge, cut
+    into 20-pixel tiles)."""
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.add_special_tokens({"additional_special_tokens": IDEFICS3_SPECIAL})
+    tok.add_tokens(IDEFICS3_TAGS)
+    torch.manual_seed(seed)
+    config = Idefics3Config(
+        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 20, "patch_size": 5},
+        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
+    model = Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if p.ndim == 1 and "norm" in name else 0.0) if p.ndim == 1
+                    else torch.randn_like(p) * 0.08)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(size={"longest_edge": 40}, max_image_size={"longest_edge": 20}),
+        tokenizer=tok, image_seq_len=4)
+    processor.save_pretrained(str(out))
+    return out

@@ -281,17 +281,22 @@ class ImageFormat:
     @classmethod
     def from_config(cls, config: object, processor: Mapping[str, object] | None = None) -> ImageFormat | None:
         """The format of a ``Gemma3ForConditionalGeneration`` or ``Idefics3ForConditionalGeneration``
-        config (``processor``: the checkpoint's ``preprocessor_config.json``, for Idefics3's
-        sizes); ``None`` for a text-only config."""
+        config (``processor``: the checkpoint's image processor settings, :func:`processor_settings`,
+        for Idefics3's sizes); ``None`` for a text-only config.
+
+        Raises:
+            ValueError: processor settings this module does not implement (named)."""
         vision = getattr(config, "vision_config", None)
         family = getattr(config, "model_type", None)
         if vision is None or family not in ("gemma3", "idefics3"):
             return None
         if family == "gemma3":
+            _check_processor(processor or {}, "gemma3")
             n = int(config.mm_tokens_per_image)  # type: ignore[attr-defined]
             ids = (int(config.boi_token_index), int(config.image_token_index), int(config.eoi_token_index))  # type: ignore[attr-defined]
             return cls("gemma3", ids[1], n, tuple(zip(GEMMA3_MARKERS, ids)), True, int(vision.image_size))
         p = dict(processor or {})
+        _check_processor(p, "idefics3")
         tile = int(vision.image_size)
         per_side = int(vision.image_size) // int(vision.patch_size) // int(config.scale_factor)  # type: ignore[attr-defined]
         longest = int((p.get("size") or {}).get("longest_edge", 4 * tile))  # type: ignore[union-attr]
@@ -386,8 +391,31 @@ class ImageReader:
 
 
 def processor_settings(path: Path) -> dict[str, object]:
-    """A checkpoint directory's ``preprocessor_config.json`` (``{}`` without one)."""
+    """A checkpoint directory's image processor settings: its ``preprocessor_config.json``, or
+    the ``image_processor`` of the ``processor_config.json`` transformers 5 writes (``{}``
+    without either)."""
     import json
 
-    f = Path(path) / "preprocessor_config.json"
-    return json.loads(f.read_text(encoding="utf-8")) if f.exists() else {}
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+        f = Path(path) / name
+        if f.exists():
+            got = json.loads(f.read_text(encoding="utf-8"))
+            got = got.get(key, {}) if key else got
+            return got if isinstance(got, dict) else {}
+    return {}
+
+
+def _check_processor(p: Mapping[str, object], family: str) -> None:
+    """The settings this module implements: mean and std 0.5 per channel, the family's resampling
+    (Gemma 3: bilinear, 2; Idefics3: Lanczos, 1), no pan-and-scan.
+
+    Raises:
+        ValueError: naming the setting the checkpoint's processor has otherwise.
+    """
+    want = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2 if family == "gemma3" else 1,
+            "do_pan_and_scan": False}
+    for key, value in want.items():
+        got = p.get(key)
+        if got is not None and got != value and not (key == "do_pan_and_scan" and got is None):
+            raise ValueError(f"the checkpoint's image processor has {key} = {got!r}; the engine reads pictures with "
+                             f"{key} = {value!r} only")
