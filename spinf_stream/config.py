@@ -286,9 +286,9 @@ class ScoringSettings(ApiSettings):
         ge=1,
         description="Messages consumed but not yet written and acknowledged, at most; a partition pauses when its own reach max_inflight / assigned partitions (backpressure), every one at the total.",
     )
-    input_format: Literal["json", "text"] = Field(
+    input_format: Literal["json", "text", "image"] = Field(
         "json",
-        description="json: each value is a JSON object with the pack's fields (and an optional id); text: each value is raw UTF-8 text, the value of the pack's one field.",
+        description="json: each value is a JSON object with the pack's fields (and an optional id); text: each value is raw UTF-8 text, the value of the pack's one field; image: each value is a picture (PNG, JPEG, WebP) in the pack's first field, its other fields and id a JSON object in the spinf-fields header.",
     )
     special_tokens_in_fields: Literal["plain", "parse"] | None = Field(
         None,

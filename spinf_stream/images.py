@@ -156,13 +156,13 @@ def _rgb(img: Image.Image) -> Image.Image:
 
 
 def is_picture_value(value: Any) -> bool:
-    """Whether a field's JSON value holds pictures: an image (:func:`is_image_value`), a video
-    (:func:`spinf_stream.video.is_video_value`) or a non-empty array whose first item is an image
-    (a video's frames)."""
+    """Whether a field's value holds pictures: an image (:func:`is_image_value`), a video
+    (:func:`spinf_stream.video.is_video_value`), a non-empty array whose first item is an image
+    (a video's frames), or bytes (a picture's, ``--input-format image``)."""
     from .video import is_video_value
 
-    if is_image_value(value) or is_video_value(value):
-        return True
+    if isinstance(value, bytes | bytearray | memoryview) or is_image_value(value) or is_video_value(value):
+        return True  # bytes: a record's value under --input-format image
     return isinstance(value, list) and bool(value) and is_image_value(value[0])
 
 

@@ -13,6 +13,9 @@ Two input formats:
   optional: a non-empty string or an integer (written as its decimal string); absent or ``null``
   means "no id".
 - ``text``: the UTF-8 bytes are the text of one field (``text_field``, the pack's only field).
+- ``image`` (the service only): the bytes are a picture (PNG, JPEG, WebP) in the pack's first
+  field; the other fields, and ``id``, come from the record's ``spinf-fields`` header, a JSON
+  object.
 
 In both formats one leading UTF-8 byte order mark (``EF BB BF``) is dropped: Windows tools write
 one at the start of a file, and it is never part of the content.
@@ -33,10 +36,14 @@ import orjson
 
 from .errors import UsageError
 
-__all__ = ["BOM", "Decoded", "InputFormat", "Rejection", "decode", "has_visible_content", "json_type_name", "text_field"]
+__all__ = ["BOM", "FIELDS_HEADER", "Decoded", "InputFormat", "Rejection", "StreamInputFormat", "decode", "has_visible_content", "json_type_name", "text_field"]
 
 BOM = b"\xef\xbb\xbf"
 InputFormat = Literal["json", "text"]
+#: The service's input formats: also ``image``, a record value that is a picture's bytes
+StreamInputFormat = Literal["json", "text", "image"]
+#: With ``--input-format image``: the header holding the message's other fields (a JSON object)
+FIELDS_HEADER = "spinf-fields"
 
 
 @dataclass(frozen=True)
@@ -107,17 +114,23 @@ def text_field(pack_fields: Sequence[str], pack_name: str = "the pack") -> str:
 
 
 def decode(
-    value: bytes | None, *, input_format: InputFormat = "json", text_field: str = "text", max_bytes: int | None = None
+    value: bytes | None, *, input_format: StreamInputFormat = "json", text_field: str = "text",
+    max_bytes: int | None = None, fields_header: bytes | None = None,
 ) -> Decoded | Rejection:
     """Decode one input (a line without its line ending, or a record value).
 
     ``max_bytes``: a longer value is ``too_long`` unread (the service's ``--max-message-bytes``).
+    ``input_format`` ``image`` (the service only): the value is a picture's bytes, the field
+    ``text_field``; the message's other fields (and its ``id``) are the JSON object of
+    ``fields_header`` (the record's :data:`FIELDS_HEADER` header), if any.
     Never raises for bad input: returns a :class:`Rejection` (kinds in the module docstring).
     """
     if value is None:
         return Rejection("null_value", "a null value (a tombstone)")
     if max_bytes is not None and len(value) > max_bytes:
         return Rejection("too_long", f"the value is {len(value)} bytes, over --max-message-bytes {max_bytes}")
+    if input_format == "image":
+        return _picture_record(bytes(value), text_field, fields_header)
     raw = bytes(value)
     if raw.startswith(BOM):
         raw = raw[len(BOM) :]
@@ -139,6 +152,25 @@ def decode(
     if isinstance(message_id, Rejection):
         return message_id
     return Decoded(obj, message_id)
+
+
+def _picture_record(value: bytes, field: str, fields_header: bytes | None) -> Decoded | Rejection:
+    """``--input-format image``: the picture in ``field``, the other fields from the header."""
+    if not value:
+        return Rejection("empty_value", "empty (0 bytes)")
+    fields: dict[str, Any] = {}
+    if fields_header is not None:
+        try:
+            obj = orjson.loads(fields_header)
+        except orjson.JSONDecodeError as e:
+            return Rejection("invalid_json", f"the {FIELDS_HEADER} header is not JSON ({e.msg} at char {e.pos})")
+        if not isinstance(obj, dict):
+            return Rejection("not_an_object", f"the {FIELDS_HEADER} header is a JSON {json_type_name(obj)}, not an object")
+        fields = obj
+    message_id = read_id(fields)
+    if isinstance(message_id, Rejection):
+        return message_id
+    return Decoded({**fields, field: value}, message_id)
 
 
 def read_id(obj: Mapping[str, Any]) -> str | None | Rejection:

@@ -136,3 +136,29 @@ def test_serve_scores_photos_as_the_engine_does(tiny_vl, tmp_path):
     want = Engine.load(model=str(tiny_vl), pack=PACK, token_budget=512).score([Message(m["id"], m) for m in rows])
     assert [g["digest"] for g in got[:3]] == [w.digest for w in want]
     assert got[3]["error"]["kind"] == "invalid_image"
+
+
+def test_input_format_image_reads_a_pictures_bytes_with_its_fields_in_a_header(topics, tiny_vl):
+    """``--input-format image``: the value is the picture, in the pack's first field; the other
+    fields and the id come from the ``spinf-fields`` header. A bad header or bad bytes are dead
+    letters; the scores equal the JSON messages'."""
+    t = topics(1)
+    rows = [orjson.loads(line) for line in PHOTOS.read_bytes().splitlines()][:4]
+    values = [base64.b64decode(r["photo"]["image"]) for r in rows]
+    headers = [[("spinf-fields", orjson.dumps({"id": r["id"], "title": r["title"]}))] for r in rows]
+    values += [b"not a picture", values[0], values[0], values[0]]
+    headers += [[("spinf-fields", b'{"id": "junk", "title": "x"}')], [("spinf-fields", b"{not json")],
+                [("spinf-fields", b'["a list"]')], None]
+    produce(t, values, headers=headers)
+    engine = Engine.load(model=str(tiny_vl), pack=PACK, token_budget=256)
+    settings = run_settings(t, model=str(tiny_vl), pack=str(PACK), token_budget=256, input_format="image")
+
+    async def go() -> None:
+        async with RunningService(ScoringService(settings, engine)) as s:
+            await wait_for(lambda: s.stats.acked >= len(values), timeout_s=300, interval_s=0.1)
+
+    asyncio.run(go())
+    scores = {orjson.loads(r.value)["id"]: orjson.loads(r.value)["digest"] for r in read_all(t, [t.output], n=4)}
+    assert scores == {r.id: r.digest for r in engine.score([Message(r["id"], r) for r in rows])}
+    dead = sorted(orjson.loads(r.value)["error"]["kind"] for r in read_all(t, [t.dlq], n=4))
+    assert dead == ["invalid_image", "invalid_json", "missing_field", "not_an_object"]

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from spinf_stream.errors import UsageError
-from spinf_stream.messages import InputFormat, text_field
+from spinf_stream.messages import InputFormat, StreamInputFormat, text_field
 from spinf_stream.packs import Pack, load_pack
 
 __all__ = ["check_calibration", "check_fields", "check_input_file", "check_model_reference", "check_output_file", "check_pack"]
 
 
-def check_pack(ref: str, input_format: InputFormat = "json") -> Pack:
+def check_pack(ref: str, input_format: StreamInputFormat = "json") -> Pack:
     """Load the pack (``--pack``); with ``--input-format text`` it must use exactly one field.
 
     Raises:

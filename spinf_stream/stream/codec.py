@@ -17,7 +17,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from spinf_stream.messages import InputFormat, Rejection, decode
+from spinf_stream.messages import FIELDS_HEADER, Rejection, StreamInputFormat, decode
 from spinf_stream.stream.fetch_guard import UndecodableRecord
 
 __all__ = [
@@ -47,14 +47,17 @@ def decode_value(
     topic: str,
     partition: int,
     offset: int,
-    input_format: InputFormat = "json",
+    input_format: StreamInputFormat = "json",
     text_field: str = TEXT_FIELD,
     max_bytes: int | None = None,
+    fields_header: bytes | None = None,
 ) -> Decoded | Rejection:
     """Decode one record value (``text_field``: the field raw text fills with ``--input-format
-    text``; ``max_bytes``: a longer value is ``too_long``, unread). Never raises for bad input:
-    returns a :class:`Rejection`."""
-    got = decode(value, input_format=input_format, text_field=text_field, max_bytes=max_bytes)
+    text``, a picture's bytes with ``image``, whose other fields are ``fields_header``'s;
+    ``max_bytes``: a longer value is ``too_long``, unread). Never raises for bad input: returns
+    a :class:`Rejection`."""
+    got = decode(value, input_format=input_format, text_field=text_field, max_bytes=max_bytes,
+                 fields_header=fields_header)
     if isinstance(got, Rejection):
         return got
     if got.id is None:
@@ -88,7 +91,7 @@ def check_pack_header(
 def decode_record(
     rec: ConsumerRecord[bytes, bytes] | UndecodableRecord,
     *,
-    input_format: InputFormat,
+    input_format: StreamInputFormat,
     text_field: str,
     max_bytes: int | None,
     pack_name: str | None = None,
@@ -100,9 +103,12 @@ def decode_record(
     :mod:`~spinf_stream.stream.routing`). Never raises for bad input."""
     if isinstance(rec, UndecodableRecord):
         return Rejection("undecodable_record", f"the Kafka client cannot parse this record: {rec.reason}")
+    fields_header = None
+    if input_format == "image":
+        fields_header = next((v for k, v in rec.headers or () if k == FIELDS_HEADER and v is not None), None)
     decoded = decode_value(
         rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
-        input_format=input_format, text_field=text_field, max_bytes=max_bytes,
+        input_format=input_format, text_field=text_field, max_bytes=max_bytes, fields_header=fields_header,
     )
     if pack_name is None:
         return decoded

@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from spinf_stream.config import RunSettings
+from spinf_stream.stream.codec import TEXT_FIELD
 from spinf_stream.stream.inflight import Entry, Partition, Slot
 from spinf_stream.stream.scheduler import Scheduler
 from spinf_stream.stream.scorer import MessageFactory, Prepared, Scorer, is_error, prepare_messages
@@ -35,7 +36,7 @@ class Preparer:
 
     Args:
         scorers: each lane's scorer, by lane key.
-        text_fields: with ``--input-format text``, the field each lane's pack reads (the raw
+        text_fields: with ``--input-format text`` or ``image``, the field each lane's pack reads (the raw
             text is decoded into the field ``text`` and renamed per lane); ``None`` for JSON.
         changed: called after each chunk (``pending`` dropped).
     """
@@ -77,8 +78,9 @@ class Preparer:
                         continue
                     for i, target in enumerate(slot.targets):
                         own = fields
-                        if self._text_fields is not None:  # the raw text, in the field this pack reads
-                            own = {self._text_fields[target.lane]: next(iter(fields.values()))}
+                        if self._text_fields is not None:  # the raw text or picture, in the field this pack reads
+                            own = {k: v for k, v in fields.items() if k != TEXT_FIELD}
+                            own[self._text_fields[target.lane]] = fields[TEXT_FIELD]
                         by_lane.setdefault(target.lane, []).append((slot, i, (mid, own)))
                 touched: dict[TopicPartition, Partition] = {}
                 for lane, items in by_lane.items():

@@ -184,10 +184,12 @@ class ScoringService:
         self._settle_timeout_s = (
             settle_timeout_s if settle_timeout_s is not None else min(30.0, settings.max_poll_interval_ms / 4000)
         )
-        # --input-format text: each value is the text of the one field of each lane's pack
+        # --input-format text: each value is the text of the one field of each lane's pack;
+        # image: a picture, in the first field of each lane's pack
         text_fields = (
             {k: text_field(tuple(s.pack.fields), str(s.pack.name)) for k, s in self.lanes.items()}
-            if settings.input_format == "text" else None
+            if settings.input_format == "text"
+            else {k: str(s.pack.fields[0]) for k, s in self.lanes.items()} if settings.input_format == "image" else None
         )
         self._inflight = Inflight()
         self._scheduler: Scheduler[Entry] = Scheduler(
