@@ -157,3 +157,34 @@ def test_its_soft_tokens_are_causal(idefics3):
     assert len(p.images) == 5 and not any(s.bidirectional for s in p.images)  # 2 x 2 tiles and the global view
     layout = build_pass(plan_passes([p], 4096)[0], engine.preamble_len)
     assert layout.blocks == () and layout.messages[0].images == () and len(layout.images) == 5
+
+
+def test_score_and_the_triton_path_read_its_pictures_as_the_torch_engine(idefics3, tmp_path):
+    import subprocess
+    import sys
+
+    import orjson
+
+    from spinf_stream.models.triton_backend import interpreter_on
+
+    path, _, _, engine_of = idefics3
+    rows = [{"id": f"m{i}", "photo": {"image": png_b64(picture(60 + i, (25 + 9 * i, 31)))}, "title": f"item {i}"}
+            for i in range(3)]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "p.yaml").write_text(PACK)
+    subprocess.run([sys.executable, "-m", "spinf_stream.cli", "score", "--model", str(path), "--pack", str(tmp_path / "p.yaml"),
+                    "--input", str(src), "--output", str(out), "--device", "cpu", "--dtype", "float32"],
+                   check=True, capture_output=True)
+    want = engine_of(PACK).score([Message(r["id"], r) for r in rows])
+    got = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [g["digest"] for g in got] == [w.digest for w in want]
+    if interpreter_on():
+        from transformers import AutoTokenizer
+
+        triton = Engine(load_decoder(path, kernels="triton"), AutoTokenizer.from_pretrained(str(path)),
+                        parse_pack(PACK, "test.yaml"), "tiny-idefics3", 4096)
+        for a, b in zip(want, triton.score([Message(r["id"], r) for r in rows])):
+            for qid, q in a.scores.items():
+                for label, c in q.choices.items():
+                    assert b.scores[qid].choices[label].logprob == pytest.approx(c.logprob, abs=1e-5)
