@@ -1,8 +1,8 @@
-"""Picture messages through ``spinf-stream score``, ``serve`` and the Kafka service, on the tiny multimodal
-Gemma 3 and the real broker: the example product photos score as offline; broken or oversized
-pictures (a truncated PNG, a 1-pixel image, a 100-megapixel header, bytes that are no image, a
-video that is none) go to the dead-letter topic with their reason, and nothing stops the
-partition."""
+"""Picture messages through ``spinf-stream score``, ``serve`` and the Kafka service, on the tiny
+multimodal Gemma 3 (and Idefics3 through the service) and the real broker: the example product
+photos score as offline; broken or oversized pictures (a truncated PNG, a 1-pixel image, a
+100-megapixel header, bytes that are no image, a video that is none) go to the dead-letter topic
+with their reason, and nothing stops the partition."""
 
 from __future__ import annotations
 
@@ -78,7 +78,9 @@ def test_score_reads_the_example_photos_as_the_engine_does(tiny_vl, tmp_path):
     assert set(got[0]["scores"]) == {"matches_title", "plain_background", "damaged", "category"}
 
 
-def test_the_service_scores_photos_and_dead_letters_bad_ones(topics, tiny_vl):
+@pytest.mark.parametrize("family", ["gemma3", "idefics3"])
+def test_the_service_scores_photos_and_dead_letters_bad_ones(topics, request, family):
+    tiny_vl = request.getfixturevalue("tiny_vl" if family == "gemma3" else "tiny_idefics3")
     t = topics(2)
     good = [orjson.loads(line) for line in PHOTOS.read_bytes().splitlines()]
     bad = [{"id": k, "photo": v, "title": "a product"} for k, (v, _) in BAD.items()]
