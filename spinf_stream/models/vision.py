@@ -1,16 +1,22 @@
-"""Gemma 3's image path: a picture → the soft tokens its decoder reads as content.
+"""The picture path of multimodal checkpoints: a picture → the soft tokens its decoder reads as
+content. Two families: Gemma 3 and Idefics3 (SmolVLM).
 
-- :func:`gemma3_pixel_values`: the processor's steps (transformers' ``Gemma3ImageProcessorPil``,
+- :func:`gemma3_pixel_values`: Gemma 3's processor (transformers' ``Gemma3ImageProcessorPil``,
   pan-and-scan off, as Gemma 3's checkpoints ship it): a bilinear resize by Pillow to the tower's
   square size, ``x / 255`` rounded to float32, then ``(x - 0.5) / 0.5``.
+- :func:`idefics3_tiles`: Idefics3's (``Idefics3ImageProcessorPil``): Lanczos resizes, tiles of
+  the tower's size and a global view, normalised the same way.
 - :class:`VisionTower`: the SigLIP vision encoder (patch convolution, learned positions,
-  pre-norm layers of bidirectional attention and a tanh-GELU MLP, a final LayerNorm) and Gemma 3's
-  projector (an average pool to ``mm_tokens_per_image`` tokens, Gemma's RMSNorm ``x * (1 + w)``,
-  a linear map to the decoder's width). Sources: transformers' ``SiglipVisionModel`` and
-  ``Gemma3MultiModalProjector``.
+  pre-norm layers of bidirectional attention and a tanh-GELU MLP, a final LayerNorm) and the
+  family's projector: Gemma 3's (an average pool to ``mm_tokens_per_image`` tokens, Gemma's
+  RMSNorm ``x * (1 + w)``, a linear map to the decoder's width) or Idefics3's (a pixel shuffle, a
+  linear map). Sources: transformers' ``SiglipVisionModel``, ``Gemma3MultiModalProjector``,
+  ``Idefics3VisionTransformer`` and ``Idefics3Connector``.
+- :class:`ImageFormat`: what a prompt holds in a picture's place; :class:`ImageReader`: a tile →
+  its soft tokens.
 
-The tower reads one image at a time: every shape is fixed by the config, so an image's soft
-tokens are the same bits whatever other images a message or batch holds.
+The tower reads one tile at a time: every shape is fixed by the config, so a tile's soft tokens
+are the same bits whatever other pictures a message or batch holds.
 """
 
 from __future__ import annotations
