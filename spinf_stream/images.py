@@ -29,8 +29,10 @@ from typing import Any
 
 from PIL import Image
 
-__all__ = ["FORMATS", "ImageLimits", "ImageRejected", "decode_image", "field_pictures", "is_image_value", "is_picture_value",
-           "message_images"]
+__all__ = [
+    "FORMATS", "ImageLimits", "ImageRejected", "base64_payload", "decode_image", "field_pictures", "is_image_value",
+    "is_picture_value",
+]
 
 #: Pillow's format names of the formats read, by the MIME subtype of a data URL
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -100,16 +102,25 @@ def _encoded(value: Any, field: str, limits: ImageLimits) -> tuple[bytes, str | 
         else:
             raise ImageRejected("invalid_image", field, f"an image is an object {{\"image\": base64}} or a data URL, "
                                 f"got {type(value).__name__}")
-        if len(text) // 4 * 3 > limits.max_bytes + 3:
-            raise ImageRejected("image_too_large", field,
-                                f"about {len(text) // 4 * 3} bytes encoded; at most {limits.max_bytes}")
-        try:
-            data = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise ImageRejected("invalid_image", field, "the image is not valid base64") from None
+        data = base64_payload(text, field, limits.max_bytes, "image")
     if len(data) > limits.max_bytes:
         raise ImageRejected("image_too_large", field, f"{len(data)} bytes encoded; at most {limits.max_bytes}")
     return data, fmt
+
+
+def base64_payload(text: str, field: str, max_bytes: int, what: str) -> bytes:
+    """The bytes of a picture's or video's base64 ``text`` (RFC 4648, padded), its size checked
+    from the text's length before decoding.
+
+    Raises:
+        ImageRejected: ``image_too_large`` over ``max_bytes``; ``invalid_image`` for bad base64.
+    """
+    if len(text) // 4 * 3 > max_bytes + 3:
+        raise ImageRejected("image_too_large", field, f"about {len(text) // 4 * 3} bytes encoded; at most {max_bytes}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageRejected("invalid_image", field, f"the {what} is not valid base64") from None
 
 
 def decode_image(value: Any, field: str, limits: ImageLimits = ImageLimits(), pixels_left: int | None = None) -> Image.Image:
@@ -190,20 +201,3 @@ def field_pictures(value: Any, field: str, limits: ImageLimits = ImageLimits(), 
             left -= frames[-1].width * frames[-1].height
         return frames
     return [decode_image(value, field, limits, left)]
-
-
-def message_images(fields: Mapping[str, Any], limits: ImageLimits = ImageLimits()) -> dict[str, Image.Image]:
-    """Every image field of a message (:func:`is_image_value`), decoded, by field name.
-
-    Raises:
-        ImageRejected: for the first field that cannot be read, or ``image_too_large`` naming
-            the field past ``max_images``.
-    """
-    out: dict[str, Image.Image] = {}
-    for name, value in fields.items():
-        if not is_image_value(value):
-            continue
-        if len(out) == limits.max_images:
-            raise ImageRejected("image_too_large", name, f"a message holds at most {limits.max_images} images")
-        out[name] = decode_image(value, name, limits)
-    return out

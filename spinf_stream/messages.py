@@ -142,35 +142,37 @@ def decode(
         return Rejection("invalid_utf8", f"not valid UTF-8 ({e.reason} at byte {e.start})")
     if input_format == "text":
         return Decoded({text_field: text}, None)
+    obj = _json_object(text)
+    return obj if isinstance(obj, Rejection) else _with_id(obj)
+
+
+def _json_object(text: str | bytes, subject: str = "") -> dict[str, Any] | Rejection:
+    """The JSON object ``text`` holds, or why it is none (``subject`` names it in the message)."""
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError as e:
-        return Rejection("invalid_json", f"not JSON ({e.msg} at char {e.pos})")
+        return Rejection("invalid_json", f"{subject} is not JSON ({e.msg} at char {e.pos})" if subject
+                         else f"not JSON ({e.msg} at char {e.pos})")
     if not isinstance(obj, dict):
-        return Rejection("not_an_object", f"a JSON {json_type_name(obj)}, not an object")
-    message_id = read_id(obj)
+        what = f"a JSON {json_type_name(obj)}, not an object"
+        return Rejection("not_an_object", f"{subject} is {what}" if subject else what)
+    return obj
+
+
+def _with_id(fields: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Decoded | Rejection:
+    """``fields`` (and ``extra``) as a message with the ``id`` they give, or why that is no id."""
+    message_id = read_id(fields)
     if isinstance(message_id, Rejection):
         return message_id
-    return Decoded(obj, message_id)
+    return Decoded({**fields, **extra} if extra else fields, message_id)
 
 
 def _picture_record(value: bytes, field: str, fields_header: bytes | None) -> Decoded | Rejection:
     """``--input-format image``: the picture in ``field``, the other fields from the header."""
     if not value:
         return Rejection("empty_value", "empty (0 bytes)")
-    fields: dict[str, Any] = {}
-    if fields_header is not None:
-        try:
-            obj = orjson.loads(fields_header)
-        except orjson.JSONDecodeError as e:
-            return Rejection("invalid_json", f"the {FIELDS_HEADER} header is not JSON ({e.msg} at char {e.pos})")
-        if not isinstance(obj, dict):
-            return Rejection("not_an_object", f"the {FIELDS_HEADER} header is a JSON {json_type_name(obj)}, not an object")
-        fields = obj
-    message_id = read_id(fields)
-    if isinstance(message_id, Rejection):
-        return message_id
-    return Decoded({**fields, field: value}, message_id)
+    fields = {} if fields_header is None else _json_object(fields_header, f"the {FIELDS_HEADER} header")
+    return fields if isinstance(fields, Rejection) else _with_id(fields, {field: value})
 
 
 def read_id(obj: Mapping[str, Any]) -> str | None | Rejection:

@@ -16,8 +16,6 @@ Rejection kinds: ``invalid_image`` (not base64, not a video FFmpeg decodes, no f
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import math
 from collections.abc import Mapping
@@ -26,7 +24,7 @@ from typing import Any
 
 from PIL import Image
 
-from .images import ImageLimits, ImageRejected
+from .images import ImageLimits, ImageRejected, base64_payload
 
 __all__ = ["VideoLimits", "decode_video", "is_video_value"]
 
@@ -83,12 +81,7 @@ def decode_video(
         ok = False
     if not ok:
         raise ImageRejected("invalid_image", field, "\"fps\" must be a positive number of frames per second")
-    if len(text) // 4 * 3 > limits.max_bytes + 3:
-        raise ImageRejected("image_too_large", field, f"about {len(text) // 4 * 3} bytes encoded; at most {limits.max_bytes}")
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ImageRejected("invalid_image", field, "the video is not valid base64") from None
+    data = base64_payload(text, field, limits.max_bytes, "video")
     fmt = container_format(data)
     if fmt is None:
         raise ImageRejected("invalid_image", field, "the bytes are not an MP4/MOV or WebM/Matroska video")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spinf_stream.images import ImageLimits, ImageRejected, decode_image, is_image_value, message_images
+from spinf_stream.images import ImageLimits, ImageRejected, decode_image, field_pictures, is_image_value
 
 RNG = np.random.default_rng(7)
 PIXELS = RNG.integers(0, 256, size=(5, 7, 3), dtype=np.uint8)  # [height, width, RGB]
@@ -112,15 +112,15 @@ def test_encoded_bytes_over_the_limit_are_refused_before_decoding():
     assert np.array_equal(np.asarray(decode_image(data, "photo", ImageLimits(max_bytes=len(data)))), PIXELS)
 
 
-def test_a_message_images_are_its_image_fields_within_the_count_limit():
+def test_a_fields_pictures_are_its_image_or_frames_within_the_count_limit():
     data = encoded("PNG")
     fields = {"caption": "a cat", "photo": as_object(data), "thumb": as_data_url(data, "png"), "meta": {"w": 7}}
     assert [is_image_value(v) for v in fields.values()] == [False, True, True, False]
-    got = message_images(fields)
-    assert list(got) == ["photo", "thumb"] and all(np.array_equal(np.asarray(i), PIXELS) for i in got.values())
+    got = [field_pictures(fields[f], f) for f in ("photo", "thumb")]
+    assert all(len(g) == 1 and np.array_equal(np.asarray(g[0]), PIXELS) for g in got)
     with pytest.raises(ImageRejected) as exc:
-        message_images(fields, ImageLimits(max_images=1))
+        field_pictures([as_object(data), as_data_url(data, "png")], "thumb", ImageLimits(max_images=1))
     assert exc.value.kind == "image_too_large" and exc.value.field == "thumb"
     with pytest.raises(ImageRejected) as exc:
-        message_images({"a": as_object(data), "b": {"image": "!!"}})
-    assert exc.value.kind == "invalid_image" and exc.value.field == "b"
+        field_pictures([as_object(data), {"image": "!!"}], "b")
+    assert exc.value.kind == "invalid_image" and exc.value.field == "b[1]"
