@@ -4,6 +4,14 @@ engine on real model shapes with random weights. Installs nothing, downloads not
     python bench/gpu_check.py                 # Qwen3-8B and Gemma-3-12B shapes, bf16, fp8 and int8 (7.3 min on one H200 before int8)
     python bench/gpu_check.py --non-invariant # also the same passes with cuBLAS GEMMs (the cost of invariance)
     python bench/gpu_check.py --tiny          # a tiny shape on the CPU through Triton's interpreter (CI runs this)
+    python bench/gpu_check.py --sweep --profile --non-invariant --budget-s 450  # the one prepared GPU call (bench/gpu_run.sh)
+
+``--sweep`` (bench/gpu_sweep.py) first times every candidate GEMM kernel and tile on both models'
+shapes and uses the winners for the rest of the run (and writes them under ``--out``);
+``--profile`` (bench/gpu_profile.py) adds, per shape and dtype, the pass op by op beside the time
+model's floors (bench/gpu_time.py, docs/gpu-time.md), each GEMM alone against the library's, and
+the kernels by name. ``--budget-s`` skips what would start after that many seconds (a
+``skipped`` line names it), so one call of a known length always ends with its lines written.
 
 Workload (the seed's): 24 documents of 470 tokens, 56 questions of 13 tokens each with two
 single-token choices, token budget 16,384 — seeded random token ids, so no tokenizer or weights
@@ -53,6 +61,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 if "--tiny" in sys.argv:  # the kernels run in Triton's interpreter: set before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -322,9 +331,11 @@ def parity_check(device: torch.device) -> dict[str, Any]:
 def run_setting(
     name: str, config: Any, model: Any, sd: dict[str, torch.Tensor], dtype: str, kernels: str,
     prepared: list[PreparedMessage], budget: int, device: torch.device, peaks: dict[str, float],
-    baselines: dict[str, tuple[int, float]],
+    baselines: dict[str, tuple[int, float]], profile: bool = False,
 ) -> dict[str, Any]:
     decoder = decoder_for(config, sd, dtype, device, kernels)
+    if profile:
+        profile_setting(name, dtype, decoder, prepared, budget, device, peaks)
     n_choices = [2] * len(prepared[0].branches)
     score_passes(decoder, prepared[:1], budget, None, 0, n_choices)  # compile the kernels
     if device.type == "cuda":
@@ -397,6 +408,24 @@ def run_setting(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def profile_setting(name: str, dtype: str, decoder: Decoder, prepared: list[PreparedMessage], budget: int,
+                    device: torch.device, peaks: dict[str, float]) -> None:
+    """bench/gpu_profile.py's lines for one (shape, dtype): the pass op by op beside the time
+    model's floors (on this run's peaks), each GEMM alone, the kernels by name."""
+    import gpu_profile
+    from gpu_time import H200
+
+    ceilings = {"bf16_tflops": peaks["bf16"] / 1e12, "fp8_tflops": peaks["fp8"] / 1e12, "copy_tbps": H200["copy_tbps"]}
+    label = "fp8" if dtype == "fp8" else dtype
+    lines = gpu_profile.profile(name, label, decoder, prepared, budget, device, ceilings)
+    gpu_profile.emit(lines)
+    print(gpu_profile.table(lines), flush=True)
+    m = sum(w.n_tokens for w in plan_passes(prepared, budget)[0])  # the first pass's rows
+    gpu_profile.emit(gpu_profile.gemm_alone(name, label, decoder, m, device, 5 if device.type == "cuda" else 1))
+    if device.type == "cuda":
+        print(json.dumps({"shape": name, "dtype": label, **gpu_profile.kernels(decoder, prepared, budget, device)}), flush=True)
 
 
 def vision_config(tiny: bool) -> Any:
@@ -524,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--non-invariant", action="store_true", help="also run bf16 with cuBLAS GEMMs (not batch-invariant)")
     ap.add_argument("--baseline-docs", type=int, default=8, metavar="N",
                     help="documents the transformers baselines run over (their rate is per question; default 8)")
+    ap.add_argument("--profile", action="store_true", help="the pass op by op, each GEMM alone, the kernels (gpu_profile.py)")
+    ap.add_argument("--sweep", action="store_true", help="time every GEMM candidate first and use the winners (gpu_sweep.py)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                    help="where --sweep writes gemm_tiles.json (default $OUT)")
+    ap.add_argument("--budget-s", type=float, default=math.inf, metavar="S",
+                    help="skip each part that would start after S seconds (a 'skipped' line names it)")
     ap.add_argument("--shapes", nargs="*", metavar="SHAPE",
                     help="subset of the shapes (default all): gemma3-12b, qwen3-8b, vision (Gemma 3 4B with "
                     "pictures); with --tiny: tiny-gemma3, vision")
@@ -557,6 +592,18 @@ def main(argv: list[str] | None = None) -> int:
         peaks["fp8"] = gemm_peak(device, "fp8")
     else:  # the interpreter emulates fp8: no tensor-core peak to compare with
         peaks["fp8"] = peaks["bf16"]
+    def over(what: str) -> bool:
+        spent = time.perf_counter() - t_start
+        if spent > args.budget_s:
+            print(json.dumps({"check": "skipped", "what": what, "seconds_spent": round(spent, 1)}), flush=True)
+            return True
+        return False
+
+    if args.sweep and not over("sweep"):
+        import gpu_sweep
+
+        _, winners = gpu_sweep.sweep(args.tiny, device, 1 if args.tiny else 5)
+        gpu_sweep.install(winners, args.out)
     if args.tiny:
         docs, doc_len, questions, q_len, budget = 3, 24, 6, 5, 40  # 40: every document split over two passes
         settings = [("float32", "triton"), ("fp8", "triton"), ("int8", "triton")]
@@ -565,8 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = [("bfloat16", "triton")] + ([("fp8", "triton")] if fp8_ok else []) + ([("int8", "triton")] if int8_ok else [])
         if args.non_invariant:
             settings.append(("bfloat16", "cublas"))
-    for name, config in shapes.items():
-        if args.shapes and name not in args.shapes:
+    for name, config in sorted(shapes.items(), key=lambda kv: kv[0] != "gemma3-12b"):  # the 12B first
+        if args.shapes and name not in args.shapes or over(name):
             continue
         model, sd = build(config, device, 0)
         prepared = workload(config.vocab_size, docs, doc_len, questions, q_len)
@@ -582,15 +629,18 @@ def main(argv: list[str] | None = None) -> int:
         baselines["kv_reuse_generate"] = hf_kv_reuse_generate(model, prepared_x if args.tiny else prepared_x[:args.baseline_docs],
                                                               grammars, device)
         for dtype, kernels in settings:
+            if over(f"{name} {dtype} {kernels}"):
+                continue
             plain = {k: baselines[k] for k in ("kv_reuse", "prompt_per_question")}
             given = plain if args.tiny and dtype != "float32" else baselines  # --tiny: extraction once
-            line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, given)
+            line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, given,
+                               profile=args.profile and kernels == "triton" and dtype in ("bfloat16", "fp8", "float32"))
             print(json.dumps(line), flush=True)
         del model, sd
         if device.type == "cuda":
             torch.cuda.empty_cache()
             print(json.dumps({"check": "compiled_kernels", "shape": name, "kernels": compiled_kernels()}), flush=True)
-    if not args.shapes or "vision" in args.shapes:
+    if (not args.shapes or "vision" in args.shapes) and not over("vision"):
         print(json.dumps(vision_check(args.tiny, device, budget)), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -16,21 +16,39 @@ HIDDEN = ["pydantic", "pydantic_settings", "orjson", "platformdirs", "aiokafka",
 RUN = (
     "import sys, runpy\n"
     f"for m in {HIDDEN!r}: sys.modules[m] = None\n"
-    "sys.argv = ['bench/gpu_check.py', '--tiny']\n"
+    "sys.argv = ['bench/gpu_check.py', '--tiny', '--profile', '--sweep', '--out', sys.argv[1]]\n"
     "runpy.run_path('bench/gpu_check.py', run_name='__main__')\n"
 )
 
 
-def test_gpu_check_runs_end_to_end_on_a_tiny_shape_without_the_service_dependencies():
+def test_gpu_check_runs_end_to_end_on_a_tiny_shape_without_the_service_dependencies(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", RUN], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     checks = {line.get("check"): line for line in lines if "check" in line}
     assert checks["parity_fp32_triton_vs_torch"]["ok"], checks["parity_fp32_triton_vs_torch"]
     assert checks["vision"]["digests_equal"] and checks["vision"]["images_per_s"] > 0, checks["vision"]
     assert "done" in checks
-    settings = [line for line in lines if "shape" in line and line.get("check") != "vision"]
+    # --profile: the pass op by op, every op's time counted once (the ops and the gaps between
+    # them add up to the pass), each GEMM alone
+    profile = [line for line in lines if line.get("check") == "profile"]
+    assert {p["dtype"] for p in profile} == {"float32", "fp8"}  # not int8: a weight format, not a GPU goal
+    profile = [p for p in profile if p["dtype"] == "float32"]
+    (whole,) = [p for p in profile if p["op"] == "pass"]
+    ops = {p["op"]: p for p in profile if p["op"] != "pass"}
+    assert {"qkv", "o", "gate_up", "down", "attention", "input_norm", "lm_head"} <= set(ops)
+    assert abs(sum(p["ms"] for p in ops.values()) - whole["ms"]) <= 1e-3 * whole["ms"] + 0.05
+    assert ops["gate_up"]["calls"] == ops["qkv"]["calls"] and all(p["floor_ms"] is not None for p in ops.values()
+                                                                  if p["op"] != "other")
+    assert [g["gemm"] for g in lines if g.get("check") == "gemm_alone"] == ["qkv", "o", "gate_up", "down"] * 2
+    # --sweep: every candidate measured passes parity and invariance; the winners are written
+    sweep = [line for line in lines if line.get("check") == "gemm_sweep"]
+    assert sweep and all(r.get("invariant") and r["rel_err"] < 1e-4 for r in sweep), sweep
+    written = json.loads((tmp_path / "gemm_tiles.json").read_text())
+    assert written["tiles"] == checks["gemm_tiles"]["tiles"]
+    settings = [line for line in lines if "shape" in line and line.get("check") is None]
     assert {s["dtype"] for s in settings} == {"float32", "fp8", "int8"}
     for s in settings:
         for key in ("questions_per_s", "tokens_per_s", "tflops", "mfu", "peak_memory_gib", "digests_equal",

@@ -581,3 +581,177 @@ def test_dispatchers_run_the_torch_twins_on_cpu() -> None:
     q, k, v, mask, _ = case_inputs(CASES["preamble_window"])
     options = case_options(CASES["preamble_window"])
     assert torch.equal(tree_attention(q, k, v, mask, **options), tree_attention_ref(q, k, v, mask, **options))
+
+
+# --------------------------------------------------------------------------- fused GEMM epilogues, the persistent
+# TMA kernel, quantizing norms (issue 53). Helpers at module level: the runner may call them in a
+# fresh process.
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, kernel: str, activation: str | None = None,
+            sx: torch.Tensor | None = None, sw: torch.Tensor | None = None) -> torch.Tensor:
+    """``matmul.launch`` with small tiles of the named kernel (the tiles a GPU would take are
+    too slow for the interpreter; the code is the same)."""
+    from spinf_stream.kernels.matmul import TileConfig, gated_config, launch
+
+    cfg = TileConfig(32, 32 if activation is None else 64, 32, 4, 2, kernel, 2)
+    n = w.shape[0] // 2 if activation else w.shape[0]
+    y = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+    launch(x, w, y, gated_config(cfg) if activation else cfg, sx, sw, activation)
+    return y
+
+
+def _rms_norm_fp8_bytes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``rms_norm_fp8_triton``'s rows and scales as one tensor: ``[T, H + 4]`` bytes."""
+    from spinf_stream.kernels import rms_norm_fp8_triton
+
+    x8, sx = rms_norm_fp8_triton(x, w, 1e-6, 1.0)
+    return torch.cat([x8.view(torch.uint8), sx[:, None].view(torch.uint8)], dim=1)
+
+
+def _quantize_bytes(x: torch.Tensor) -> torch.Tensor:
+    from spinf_stream.kernels import quantize_rows_triton
+
+    x8, sx = quantize_rows_triton(x)
+    return torch.cat([x8.view(torch.uint8), sx[:, None].view(torch.uint8)], dim=1)
+
+
+def _twin_bytes(x8: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x8.view(torch.uint8), sx[:, None].view(torch.uint8)], dim=1)
+
+
+def _gated_fp8(x: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    from spinf_stream.kernels import gated_matmul_fp8_triton, rms_norm_fp8_triton
+
+    ones = torch.zeros(x.shape[1], device=x.device)
+    return gated_matmul_fp8_triton(rms_norm_fp8_triton(x, ones, 1e-6, 1.0), w8, sw, "silu", out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "tma"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh", "gelu"])
+def test_gated_matmul_writes_the_activation_times_up_of_the_definition(triton_run: TritonRunner, kernel: str,
+                                                                      activation: str) -> None:
+    """act(x @ gate.T) * (x @ up.T) against the definition in float64 (Shazeer 2020), on sizes off
+    the tiles: I = 40 leaves a ragged last gate tile whose loads run into the up rows."""
+    from spinf_stream.kernels import gated_matmul_ref
+
+    x = torch.randn(70, 96, generator=_gen(50))
+    w = torch.randn(80, 96, generator=_gen(51)) / 10
+    want = gated_matmul_ref(x.double(), w.double(), activation)
+    _close(triton_run(_launch, x, w, kernel, activation), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_persistent_tma_kernel_sums_as_the_tiled_kernel_does_and_its_rows_are_invariant(
+        triton_run: TritonRunner) -> None:
+    """Same tiles, same K order: bitwise the tiled kernel's result; rows alone, in a subset and
+    reversed (other tile counts, so other programs compute them) bitwise those of the batch."""
+    x = torch.randn(90, 96, generator=_gen(52))
+    w = torch.randn(48, 96, generator=_gen(53))
+    full = triton_run(_launch, x, w, "tma")
+    _close(full, x.double() @ w.double().t())
+    assert torch.equal(full, triton_run(_launch, x, w, "tiled"))
+    assert torch.equal(triton_run(_launch, x[41:42].contiguous(), w, "tma"), full[41:42])
+    assert torch.equal(triton_run(_launch, x.flip(0).contiguous(), w, "tma").flip(0), full)
+
+
+def test_the_gated_epilogue_rows_are_bitwise_invariant(triton_run: TritonRunner) -> None:
+    x = torch.randn(90, 64, generator=_gen(54))
+    w = torch.randn(96, 64, generator=_gen(55)) / 8
+    for kernel in ("tiled", "tma"):
+        full = triton_run(_launch, x, w, kernel, "gelu_pytorch_tanh")
+        for rows in (slice(0, 1), slice(41, 42), slice(60, 90)):
+            assert torch.equal(triton_run(_launch, x[rows].contiguous(), w, kernel, "gelu_pytorch_tanh"), full[rows])
+
+
+def test_the_quantizing_norm_is_bitwise_quantize_rows_of_the_norm(triton_run: TritonRunner) -> None:
+    """One kernel writes what ``quantize_rows(rms_norm_triton(x))`` writes, byte for byte: values
+    that round up into the next binade (127.7 → 128), an all-zero row, rows wider than one chunk."""
+    for hidden in (96, 5000):
+        x = torch.randn(37, hidden, generator=_gen(56)) * 3
+        x[5] = 0.0
+        w = torch.randn(hidden, generator=_gen(57))
+        want = _twin_bytes(*quantize_rows(rms_norm_ref(x, w, 1e-6, 1.0)))
+        got = triton_run(_rms_norm_fp8_bytes, x, w)
+        # the Triton norm and its twin agree to rounding, not bitwise: compare through the same norm
+        normed = triton_run(rms_norm_triton, x, w, 1e-6, 1.0)
+        assert torch.equal(got, _twin_bytes(*quantize_rows(normed)))
+        assert (got[:, :hidden].float() - want[:, :hidden].float()).abs().max() <= 1  # one fp8 step at most
+        assert torch.equal(triton_run(_rms_norm_fp8_bytes, x[7:8].contiguous(), w), got[7:8])
+
+
+def test_the_quantizing_pass_is_bitwise_quantize_rows(triton_run: TritonRunner) -> None:
+    x = torch.randn(20, 64, generator=_gen(58)) * 5
+    x[0, :4] = torch.tensor([127.69, -127.69, 448.0, 1e-30])  # a binade round-up, the largest, a tiny value
+    assert torch.equal(triton_run(_quantize_bytes, x), _twin_bytes(*quantize_rows(x)))
+
+
+def test_the_fp8_gated_gemm_on_normed_quantized_rows_matches_the_definition(triton_run: TritonRunner) -> None:
+    """The fp8 MLP's first half as the engine runs it: the norm writes quantized rows, the gated
+    GEMM reads them; against float64 on the same quantized operands."""
+    x = torch.randn(40, 128, generator=_gen(59))
+    _, w8, sw = _fp8_weights(96, 128, 60)
+    x8, sx = quantize_rows(rms_norm_ref(x, torch.zeros(128), 1e-6, 1.0))
+    y = (x8.double() * sx.double()[:, None]) @ (w8.double() * sw.double()[:, None]).t()
+    g, u = y.chunk(2, dim=1)
+    _close(triton_run(_gated_fp8, x, w8, sw), g * torch.sigmoid(g) * u, rtol=2e-3, atol=2e-3)
+
+
+def test_measured_tiles_are_used_only_for_their_architecture_dtype_n_and_k() -> None:
+    from spinf_stream.kernels import aot
+    from spinf_stream.kernels.matmul import TUNED, TileConfig, install_tiles, tile_config, tile_row
+
+    cfg = TileConfig(128, 128, 64, 8, 5, "tma", 16)
+    saved = dict(TUNED)
+    try:
+        install_tiles([tile_row(90, torch.bfloat16, 8192, 3840, cfg)])
+        token = aot._TARGET.set(90)
+        try:
+            cpu = torch.device("cpu")
+            assert tile_config(cpu, torch.bfloat16, 8192, k=3840) == cfg
+            assert tile_config(cpu, torch.bfloat16, 8192, k=4096) != cfg  # another K: the rule
+            assert tile_config(cpu, torch.float8_e4m3fn, 8192, 128, k=3840) != cfg
+        finally:
+            aot._TARGET.reset(token)
+        assert tile_config(torch.device("cpu"), torch.bfloat16, 8192, k=3840) != cfg  # the interpreter: the rule
+        with pytest.raises(ValueError, match="gemm_tiles.json"):
+            install_tiles([{"sm": 90, "dtype": "bfloat16", "n": 1, "k": 1, "kernel": "cublas", "block_m": 1,
+                            "block_n": 1, "block_k": 1, "num_warps": 1, "num_stages": 1}])
+    finally:
+        TUNED.clear()
+        TUNED.update(saved)
+
+
+def _gemm_residual(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, kernel: str) -> torch.Tensor:
+    from spinf_stream.kernels.matmul import TileConfig, launch
+
+    r = r.clone()
+    launch(x, w, r, TileConfig(32, 32, 32, 4, 2, kernel, 2), residual=True)
+    return r
+
+
+def _norm_add(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    from spinf_stream.kernels import rms_norm_add_triton
+
+    r = r.clone()
+    rms_norm_add_triton(x, w, 1e-6, 1.0, r)
+    return r
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "tma"])
+def test_the_residual_epilogue_adds_the_product_to_the_residual_stream(triton_run: TritonRunner, kernel: str) -> None:
+    """residual + x @ w.T against float64, in place; a row's bits its own (a subset of rows)."""
+    x = torch.randn(70, 96, generator=_gen(61))
+    w = torch.randn(48, 96, generator=_gen(62)) / 10
+    r = torch.randn(70, 48, generator=_gen(63))
+    got = triton_run(_gemm_residual, x, w, r, kernel)
+    _close(got, r.double() + x.double() @ w.double().t())
+    assert torch.equal(triton_run(_gemm_residual, x[9:12].contiguous(), w, r[9:12].contiguous(), kernel), got[9:12])
+
+
+def test_the_norm_added_to_the_residual_is_bitwise_the_norm_then_the_add(triton_run: TritonRunner) -> None:
+    x = torch.randn(33, 96, generator=_gen(64)) * 4
+    w = torch.randn(96, generator=_gen(65))
+    r = torch.randn(33, 96, generator=_gen(66))
+    got = triton_run(_norm_add, x, w, r)
+    assert torch.equal(got, r + triton_run(rms_norm_triton, x, w, 1e-6, 1.0))
+    assert torch.equal(triton_run(_norm_add, x[4:5].contiguous(), w, r[4:5].contiguous()), got[4:5])

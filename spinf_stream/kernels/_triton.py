@@ -67,8 +67,36 @@ def _row_invariant_interpreter_dot() -> None:
     builder.create_dot = create_dot
 
 
+def _rounding_interpreter_float8() -> None:
+    """Make the interpreter round fp32 to float8 e4m3 as the GPU does (round to nearest even).
+
+    Triton's interpreter narrows floats by truncating the significand and adding the first cut
+    bit, with no carry into the exponent: 127.69 became 64.0, not 128.0 (Triton 3.9). A GPU's
+    ``cvt.rn`` rounds to nearest even, as torch's ``.to(torch.float8_e4m3fn)`` does, which is
+    what the interpreter now calls for that one conversion. Applied once, at import.
+    """
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - triton without its interpreter
+        return
+    original = getattr(interpreter, "_convert_float", None)
+    if original is None or getattr(original, "_spinf_rounding", False):
+        return
+
+    def convert(data, input_dtype, output_dtype, rounding_mode):  # noqa: ANN001, ANN202
+        if input_dtype == tl.float32 and output_dtype == tl.float8e4nv:
+            x = torch.from_numpy(np.ascontiguousarray(data).view(np.float32).copy())
+            return x.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+        return original(data, input_dtype, output_dtype, rounding_mode)
+
+    convert._spinf_rounding = True  # type: ignore[attr-defined]
+    interpreter._convert_float = convert
+
+
 if HAS_TRITON:
     _row_invariant_interpreter_dot()
+    _rounding_interpreter_float8()
 
 
 def cdiv(a: int, b: int) -> int:

@@ -41,15 +41,17 @@ class Arch:
     shared_limit: int  #: bytes of shared memory one block may use (the opt-in maximum)
     mma: str  #: the tensor-core instruction family its kernels must use: "mma", "wgmma" or "tcgen05"
     fp8: bool  #: whether it has fp8 tensor cores (compute capability >= 8.9)
+    sms: int  #: streaming multiprocessors of its named card (a persistent kernel's grid when compiling)
+    tma: bool  #: whether it has the tensor memory accelerator (bulk tensor copies: sm_90 on)
 
 
 ARCHS: dict[int, Arch] = {a.sm: a for a in (
-    Arch(80, "Ampere (A100, A30)", 166_912, "mma", False),
-    Arch(86, "Ampere (A10, RTX 30)", 101_376, "mma", False),
-    Arch(89, "Ada (L4, L40S, RTX 4090)", 101_376, "mma", True),
-    Arch(90, "Hopper (H100, H200)", 232_448, "wgmma", True),
-    Arch(100, "Blackwell (B200)", 232_448, "tcgen05", True),
-    Arch(120, "Blackwell (RTX 50, RTX PRO)", 101_376, "mma", True),
+    Arch(80, "Ampere (A100, A30)", 166_912, "mma", False, 108, False),
+    Arch(86, "Ampere (A10, RTX 30)", 101_376, "mma", False, 72, False),
+    Arch(89, "Ada (L4, L40S, RTX 4090)", 101_376, "mma", True, 128, False),
+    Arch(90, "Hopper (H100, H200)", 232_448, "wgmma", True, 132, True),
+    Arch(100, "Blackwell (B200)", 232_448, "tcgen05", True, 148, True),
+    Arch(120, "Blackwell (RTX 50, RTX PRO)", 101_376, "mma", True, 170, True),
 )}
 
 #: What the engine's kernels call their output argument.
@@ -92,6 +94,7 @@ class KernelReport:
     mma: str  #: "wgmma", "tcgen05", "mma" or "none"
     fp8_mma: bool  #: whether its PTX multiplies fp8 (e4m3) operands on tensor cores
     fp_fusion: bool
+    tma: bool = False  #: whether its PTX loads through the tensor memory accelerator (``cp.async.bulk.tensor``)
 
 
 class _PlanningDriver:
@@ -146,6 +149,7 @@ def compiling_for(sm: int) -> Iterator[list[Any]]:
         kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
         compiled.append(kernel)
         for arg_name, a in zip(self.arg_names, args):  # the host reads zeros, not uninitialised memory
+            a = getattr(a, "base", a)  # a tensor descriptor's tensor
             if arg_name in OUTPUTS and isinstance(a, torch.Tensor):
                 a.zero_()
         return kernel
@@ -200,5 +204,5 @@ def inspect(kernel: Any) -> KernelReport:
         num_stages=md.num_stages, shared=int(md.shared), registers=res["REG"],
         spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0), mma=_mma_family(ptx),
         fp8_mma=any("mma" in ln and (".e4m3" in ln or "kind::f8f6f4" in ln) for ln in ptx.splitlines()),
-        fp_fusion=bool(md.enable_fp_fusion),
+        fp_fusion=bool(md.enable_fp_fusion), tma="cp.async.bulk.tensor" in ptx,
     )

@@ -7,6 +7,11 @@ e.g. vLLM's `Fp8LinearMethod` with dynamic per-token scales): weights once at lo
 `x ≈ x8[r] * sx[r]` with `sx[r] = max|x[r]| / 448` (448: e4m3's largest normal, OCP 8-bit
 floating point spec). Then `y[r, n] = sx[r] * sw[n] * sum_k x8[r, k] * w8[n, k]`.
 
+On a GPU (and under the interpreter) the activations are quantized by their producer where it
+holds the whole row — the RMSNorm kernel (``rms_norm_fp8_triton``) — else by one Triton pass
+(``quantize_rows_triton``); both are bitwise :func:`quantize_rows`. The kernels take such
+pre-quantized rows as ``(x8, sx)``.
+
 Invariance: a row's scale is a max (exact in any order) of that row alone; the kernel is the
 fixed-tile GEMM of `spinf_stream.kernels.matmul` (one program per output tile, K walked in `FP8_BLOCK_K` steps in
 increasing order, never split): a row's bits depend on that row and the weights only.
@@ -17,9 +22,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .matmul import REF_CHUNK_ROWS, launch, tile_config
+from .matmul import ACTIVATIONS, REF_CHUNK_ROWS, gated_config, launch, residual_out, tile_config
+from .rmsnorm import quantize_rows_triton
 
-__all__ = ["FP8_MAX", "matmul_fp8", "matmul_fp8_ref", "matmul_fp8_triton", "quantize_rows"]
+__all__ = ["FP8_MAX", "Rows8", "gated_matmul_fp8_triton", "matmul_fp8", "matmul_fp8_ref", "matmul_fp8_triton",
+           "quantize_rows"]
+
+#: Activations already quantized per row: ``(x8 [M, K] float8_e4m3fn, sx [M] fp32)``.
+Rows8 = tuple[Tensor, Tensor]
 
 #: Largest normal float8 e4m3 (e4m3fn) value.
 FP8_MAX = 448.0
@@ -50,28 +60,66 @@ def _check(x: Tensor, w8: Tensor, sw: Tensor) -> None:
         raise ValueError("matmul_fp8: x, w8 and sw must be on one device")
 
 
-def matmul_fp8_triton(x: Tensor, w8: Tensor, sw: Tensor) -> Tensor:
+def _rows8(x: Tensor | Rows8, w8: Tensor, sw: Tensor, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, torch.dtype]:
+    """``(x8, sx, output dtype)``: ``x`` quantized in one Triton pass, or as given."""
+    if isinstance(x, tuple):
+        x8, sx = x
+        _check(x8, w8, sw)
+        if x8.dtype != torch.float8_e4m3fn or sx.shape != (x8.shape[0],):
+            raise ValueError(f"matmul_fp8: pre-quantized rows must be float8_e4m3fn [M, K] and [M], got {x8.dtype} "
+                             f"{tuple(x8.shape)} and {tuple(sx.shape)}")
+        if out_dtype is None:
+            raise ValueError("matmul_fp8: give out_dtype with pre-quantized rows")
+        return x8, sx, out_dtype
+    _check(x, w8, sw)
+    x8, sx = quantize_rows_triton(x)
+    return x8, sx, out_dtype or x.dtype
+
+
+def matmul_fp8_triton(x: Tensor | Rows8, w8: Tensor, sw: Tensor, out_dtype: torch.dtype | None = None,
+                      add_to: Tensor | None = None) -> Tensor:
     """`x @ w.T` through float8 with the fixed-tile Triton kernel (CUDA with fp8 tensor cores,
     or CPU under `TRITON_INTERPRET=1`, where float8 is widened to float16 exactly).
 
     Args:
-        x: [M, K] activations (bf16/fp16/fp32), quantized per row here.
+        x: [M, K] activations (bf16/fp16/fp32), quantized per row here in one pass; or ``(x8, sx)``
+            already quantized (``rms_norm_fp8_triton``).
         w8: [N, K] float8_e4m3fn weights; sw: [N] fp32 per-output-channel scales.
+        out_dtype: the result's dtype (default ``x.dtype``; required for pre-quantized rows).
+        add_to: ``[M, N]`` of the result's dtype: the product is added to it in the epilogue
+            (as ``matmul_triton``'s), and it is returned.
 
     Returns:
-        [M, N] in `x.dtype`, accumulated in fp32. Row i is bitwise a function of `x[i]`, `w8`, `sw`.
+        [M, N], accumulated in fp32. Row i is bitwise a function of `x[i]`, `w8`, `sw`.
 
     Raises:
         ValueError: shapes, dtypes or devices that do not match. RuntimeError: no Triton.
     """
-    _check(x, w8, sw)
-    M, K = x.shape
+    x8, sx, dtype = _rows8(x, w8, sw, out_dtype)
+    M, K = x8.shape
     N = w8.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = residual_out(add_to, M, N, dtype, x8.device)
     if M == 0 or N == 0:
         return y
-    x8, sx = quantize_rows(x)
-    launch(x8, w8, y, tile_config(x.device, torch.float8_e4m3fn, N, FP8_BLOCK_K), sx, sw.float().contiguous())
+    launch(x8, w8, y, tile_config(x8.device, torch.float8_e4m3fn, N, FP8_BLOCK_K, k=K), sx, sw.float().contiguous(),
+           residual=add_to is not None)
+    return y
+
+
+def gated_matmul_fp8_triton(x: Tensor | Rows8, w8: Tensor, sw: Tensor, activation: str,
+                            out_dtype: torch.dtype | None = None) -> Tensor:
+    """``act(x @ gate.T) * (x @ up.T)`` through float8 in one launch (``matmul.gated_matmul_triton``
+    with :func:`matmul_fp8_triton`'s operands): ``w8 [2I, K]`` gate rows then up rows, ``sw [2I]``;
+    returns ``[M, I]``. Errors as :func:`matmul_fp8_triton`, and an unknown activation."""
+    x8, sx, dtype = _rows8(x, w8, sw, out_dtype)
+    if activation not in ACTIVATIONS or w8.shape[0] % 2:
+        raise ValueError(f"gated matmul_fp8: expected w8 [2I, K] and a known activation, got {tuple(w8.shape)}, {activation!r}")
+    M, K = x8.shape
+    y = torch.empty((M, w8.shape[0] // 2), dtype=dtype, device=x8.device)
+    if M == 0 or y.shape[1] == 0:
+        return y
+    cfg = gated_config(tile_config(x8.device, torch.float8_e4m3fn, w8.shape[0], FP8_BLOCK_K, k=K))
+    launch(x8, w8, y, cfg, sx, sw.float().contiguous(), activation=activation)
     return y
 
 

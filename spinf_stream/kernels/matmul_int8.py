@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .matmul import REF_CHUNK_ROWS, launch, tile_config
+from .matmul import ACTIVATIONS, REF_CHUNK_ROWS, gated_config, launch, residual_out, tile_config
 
-__all__ = ["INT8_MAX", "matmul_int8", "matmul_int8_ref", "matmul_int8_triton"]
+__all__ = ["INT8_MAX", "gated_matmul_int8_triton", "matmul_int8", "matmul_int8_ref", "matmul_int8_triton"]
 
 #: Largest int8 magnitude used (symmetric: -128 is never produced).
 INT8_MAX = 127
@@ -43,12 +43,13 @@ def _check(x: Tensor, q: Tensor, s: Tensor) -> None:
         raise ValueError("matmul_int8: x, q and s must be on one device")
 
 
-def matmul_int8_triton(x: Tensor, q: Tensor, s: Tensor) -> Tensor:
+def matmul_int8_triton(x: Tensor, q: Tensor, s: Tensor, add_to: Tensor | None = None) -> Tensor:
     """`x @ (q * s[:, None]).T` with the fixed-tile Triton kernel (CUDA, compute capability >= 8.0;
     or CPU under `TRITON_INTERPRET=1`, in float32).
 
     Args:
         x: [M, K] activations (bf16/fp16/fp32). q: [N, K] int8 weights. s: [N] fp32 scales.
+        add_to: [M, N] in x's dtype: the product is added to it in the epilogue, and it is returned.
 
     Returns:
         [M, N] in `x.dtype`, accumulated in fp32, scaled in fp32, rounded once. Row i is bitwise a
@@ -60,10 +61,27 @@ def matmul_int8_triton(x: Tensor, q: Tensor, s: Tensor) -> Tensor:
     _check(x, q, s)
     M, K = x.shape
     N = q.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = residual_out(add_to, M, N, x.dtype, x.device)
     if M == 0 or N == 0:
         return y
-    launch(x.contiguous(), q, y, tile_config(x.device, x.dtype, N), col_scales=s.float().contiguous())
+    launch(x.contiguous(), q, y, tile_config(x.device, x.dtype, N, k=K), col_scales=s.float().contiguous(),
+           residual=add_to is not None)
+    return y
+
+
+def gated_matmul_int8_triton(x: Tensor, q: Tensor, s: Tensor, activation: str) -> Tensor:
+    """``act(x @ gate.T) * (x @ up.T)`` with int8 weights ``q [2I, K]`` (gate rows, then up) and
+    their scales ``s [2I]``, in one launch (as ``matmul.gated_matmul_triton``): ``[M, I]`` in
+    ``x.dtype``. Errors as :func:`matmul_int8_triton`, and an unknown activation or odd row count."""
+    _check(x, q, s)
+    if activation not in ACTIVATIONS or q.shape[0] % 2:
+        raise ValueError(f"gated matmul_int8: expected q [2I, K] and a known activation, got {tuple(q.shape)}, {activation!r}")
+    M, K = x.shape
+    y = torch.empty((M, q.shape[0] // 2), dtype=x.dtype, device=x.device)
+    if M == 0 or y.shape[1] == 0:
+        return y
+    cfg = gated_config(tile_config(x.device, x.dtype, q.shape[0], k=K))
+    launch(x.contiguous(), q, y, cfg, col_scales=s.float().contiguous(), activation=activation)
     return y
 
 

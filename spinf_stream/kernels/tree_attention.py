@@ -82,8 +82,18 @@ def keys_per_step(device: torch.device, block_d: int) -> int:
     """Keys per step of the online softmax for a head dim padded to ``block_d`` on ``device``'s
     GPU: a function of the model and the kind of GPU only, so a row's reduction order is too."""
     capability = planned_capability(device)
-    wide = block_d > 128 or (capability is not None and capability[0] == 10)
-    return WIDE_HEAD_BLOCK_N if wide else BLOCK_N
+    if capability is not None and capability[0] == 10:
+        # datacenter Blackwell: 64 keys fit head dim 256 (214 registers without the window, 250
+        # with it, no spills: compiled with Triton 3.9), while at head dim 128 its 128-register
+        # tcgen05 kernels spill with 64 (docs/kernels.md)
+        return BLOCK_N if block_d > 128 else WIDE_HEAD_BLOCK_N
+    return WIDE_HEAD_BLOCK_N if block_d > 128 else BLOCK_N
+
+
+def attention_warps(device: torch.device, block_d: int) -> int:
+    """Warps per program: 4 up to head dim 64, else 8 (warps only split the tile's rows and
+    columns among threads, never a sum's order)."""
+    return 4 if block_d <= 64 else 8
 
 
 def pipeline_stages(device: torch.device, block_d: int, itemsize: int) -> int:
@@ -462,7 +472,7 @@ def tree_attention_triton(
         BLOCK_R=block_r, BLOCK_N=keys_per_step(q.device, block_d),
         USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4 if block_d <= 64 else 8, num_stages=pipeline_stages(q.device, block_d, q.element_size()),
+        num_warps=attention_warps(q.device, block_d), num_stages=pipeline_stages(q.device, block_d, q.element_size()),
         enable_fp_fusion=FP_FUSION,
     )
     return out

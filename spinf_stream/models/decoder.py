@@ -13,7 +13,7 @@ import torch
 from spinf_stream.engine.layout import PassLayout
 from . import blocks
 from .attention import KV
-from .ops import Backend, Weight, weight_rows
+from .ops import Activation, Backend, Weight, weight_rows
 from .spec import ModelSpec
 from .torch_backend import TorchBackend
 from .vision import ImageReader
@@ -76,6 +76,10 @@ class Decoder:
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.backend.rms_norm(x, w, self.spec.norm_eps, self.spec.norm_offset)
+
+    def _norm_into(self, x: torch.Tensor, w: torch.Tensor, into: Weight) -> Activation:
+        """The norm of ``x`` as the linear layer ``into`` takes it (see :meth:`Backend.norm_into`)."""
+        return self.backend.norm_into(x, w, self.spec.norm_eps, self.spec.norm_offset, into)
 
     @torch.inference_mode()
     def forward(
@@ -191,7 +195,7 @@ class Decoder:
         buf = None if scratch is None else scratch.get("tile", (h.shape[0], t.stop - t.start), h)
         dst[:, t] = self.backend.linear(h, weight_rows(w, t), None if bias is None else bias[t], out=buf)
 
-    def _project(self, h: torch.Tensor, w: Weight, bias: torch.Tensor | None, dst: torch.Tensor,
+    def _project(self, h: Activation, w: Weight, bias: torch.Tensor | None, dst: torch.Tensor,
                  scratch: blocks.Scratch | None) -> torch.Tensor:
         """``h @ w.T + bias`` tile by tile into ``dst [n, N]`` (returned; with a single tile the
         GEMM writes there itself)."""
@@ -231,10 +235,10 @@ class Decoder:
         out[:, hq : hq + hkv] = blocks.rotary(k, cos, sin)
         out[:, hq + hkv :] = v.reshape(-1, hkv, d)
 
-    def _residual_attention(self, x: torch.Tensor, o: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    def _residual_attention(self, x: torch.Tensor, o: torch.Tensor, lw: LayerWeights) -> Activation:
         """``x += o`` (Gemma: its post-attention norm first) in place; returns the MLP's input."""
         x += self._norm(o, lw.post_attn_norm) if self.spec.sandwich_norms else o
-        return self._norm(x, lw.mlp_norm)
+        return self._norm_into(x, lw.mlp_norm, lw.gate_up)
 
     def _residual_mlp(self, x: torch.Tensor, down: torch.Tensor, lw: LayerWeights) -> None:
         x += self._norm(down, lw.post_mlp_norm) if self.spec.sandwich_norms else down
@@ -243,12 +247,16 @@ class Decoder:
                       scratch: blocks.Scratch | None) -> None:
         """Rows ``x [n, hidden]`` → ``out [n, Hq+2Hkv, D]`` (see :meth:`_qkv_out`)."""
         proj = self._new(scratch, "qkv", (x.shape[0], lw.qkv.shape[0]), x)
-        self._qkv_out(self._project(self._norm(x, lw.input_norm), lw.qkv, lw.qkv_bias, proj, scratch), lw, cos, sin, out)
+        self._qkv_out(self._project(self._norm_into(x, lw.input_norm, lw.qkv), lw.qkv, lw.qkv_bias, proj, scratch),
+                      lw, cos, sin, out)
 
     def _attention_out_and_mlp(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights,
                                scratch: blocks.Scratch | None) -> None:
         """Rows ``x [n, hidden]``, in place: the attention output ``a [n, Hq*D]`` projected and
         added, then the gated MLP added (with Gemma's sandwich norms)."""
+        if self.backend.fused_epilogues:
+            self._attention_out_and_mlp_fused(x, a, lw)
+            return
         n, hidden, inter = x.shape[0], x.shape[1], lw.gate_up.shape[0] // 2
         o = self._project(a, lw.o, None, self._new(scratch, "o", (n, hidden), x), scratch)
         h = self._residual_attention(x, o, lw)
@@ -256,6 +264,21 @@ class Decoder:
         for t in self.backend.column_tiles(inter):
             self._gate_up_tile(h, lw, t, m, scratch)
         self._residual_mlp(x, self._project(m, lw.down, None, self._new(scratch, "down", (n, hidden), x), scratch), lw)
+
+    def _attention_out_and_mlp_fused(self, x: torch.Tensor, a: torch.Tensor, lw: LayerWeights) -> None:
+        """:meth:`_attention_out_and_mlp` with the back end's fused epilogues: each residual add
+        in the op that produces it (the o and down GEMMs; Gemma's post-norms), the activation in
+        the gate/up GEMM, the MLP's input written as its GEMM takes it."""
+        b, s = self.backend, self.spec
+        if s.sandwich_norms:
+            b.add_norm(x, b.linear(a, lw.o), lw.post_attn_norm, s.norm_eps, s.norm_offset)
+        else:
+            b.add_linear(x, a, lw.o)
+        m = b.gated_linear(self._norm_into(x, lw.mlp_norm, lw.gate_up), lw.gate_up, s.activation)
+        if s.sandwich_norms:
+            b.add_norm(x, b.linear(m, lw.down), lw.post_mlp_norm, s.norm_eps, s.norm_offset)
+        else:
+            b.add_linear(x, m, lw.down)
 
     def _attention_in_tiled(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
                             qkv: torch.Tensor, chunks: list[slice]) -> None:

@@ -45,6 +45,25 @@ class QuantizedWeight:
 Weight = torch.Tensor | QuantizedWeight
 
 
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Activations a back end already quantized per row for a float8 linear layer (its norm wrote
+    them so): ``rows ≈ data.float() * scale[:, None]``; ``data [M, K]`` float8_e4m3fn, ``scale
+    [M]`` fp32, ``dtype`` the activations' own dtype (the layer's output dtype)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+
+#: A linear layer's input: activations, or (a back end's own) rows quantized for it.
+Activation = torch.Tensor | QuantizedRows
+
+
 def weight_rows(w: Weight, t: slice) -> Weight:
     """Output rows ``t`` of a linear layer's weight ``[N, K]`` (a view; a quantized weight's scales too)."""
     return QuantizedWeight(w.data[t], w.scale[t]) if isinstance(w, QuantizedWeight) else w[t]
@@ -97,6 +116,10 @@ class Backend:
     needs_bits_probe: ClassVar[bool] = False
     #: Whether no vendor library decides a row's bits (records say ``"bits_probe": "not_needed"``).
     invariant_by_construction: ClassVar[bool] = False
+    #: Whether the back end fuses the layer's epilogues: :meth:`gated_linear` (the gated MLP's
+    #: first half in one op), :meth:`add_linear` and :meth:`add_norm` (residual adds in the op
+    #: that produces them). Else the decoder runs linear layers, activation and adds apart.
+    fused_epilogues: ClassVar[bool] = False
 
     @classmethod
     def check(cls, device: torch.device, dtype: torch.dtype | str | None) -> None:
@@ -146,6 +169,27 @@ class Backend:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
         """RMSNorm over the last dim of ``x [..., H]`` (see :func:`blocks.rms_norm`)."""
+        raise NotImplementedError
+
+    def norm_into(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, into: Weight) -> Activation:
+        """:meth:`rms_norm` of ``x [M, H]`` as the input of the linear layer ``into``: a back end
+        may return it already quantized for that layer (:class:`QuantizedRows`), which only its
+        own :meth:`linear` and :meth:`gated_linear` read."""
+        return self.rms_norm(x, weight, eps, offset)
+
+    def gated_linear(self, x: Activation, weight: Weight, activation: str) -> torch.Tensor:
+        """``act(x @ gate.T) * (x @ up.T)`` in one op (back ends with :attr:`fused_epilogues`):
+        ``x [M, K]``, ``weight [2I, K]`` the gate's rows then the up projection's → ``[M, I]``
+        in the activations' dtype."""
+        raise NotImplementedError
+
+    def add_linear(self, residual: torch.Tensor, x: Activation, weight: Weight) -> None:
+        """``residual += x @ weight.T`` in place (:attr:`fused_epilogues`): ``residual [M, N]``,
+        ``x [M, K]``, ``weight [N, K]``."""
+        raise NotImplementedError
+
+    def add_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
+        """``residual += rms_norm(x)`` in place (:attr:`fused_epilogues`): both ``[M, H]``."""
         raise NotImplementedError
 
     def attention(self, layout: PassLayout, device: torch.device, group: int) -> PassAttention:

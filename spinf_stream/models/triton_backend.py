@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from spinf_stream.engine.layout import PassLayout
 from .attention import KV, carried_pieces
 from .libraries import cpu_isa, installed_version
-from .ops import HEAD_GROUP, Backend, Numerics, PassAttention, QuantizedWeight, Weight, apply_softcap
+from .ops import (
+    HEAD_GROUP, Activation, Backend, Numerics, PassAttention, QuantizedRows, QuantizedWeight, Weight, apply_softcap,
+)
 
 
 def interpreter_on() -> bool:
@@ -37,6 +39,7 @@ class TritonBackend(Backend):
 
     name = "triton"
     invariant_by_construction = True
+    fused_epilogues = True
 
     @classmethod
     def check(cls, device: torch.device, dtype: torch.dtype | str | None) -> None:
@@ -58,8 +61,8 @@ class TritonBackend(Backend):
     def numerics(cls, device: torch.device, dtype: torch.dtype) -> Numerics:
         from spinf_stream.kernels._triton import FP_FUSION
         from spinf_stream.kernels.logsumexp import BLOCK_V
-        from spinf_stream.kernels.matmul import tile_config
-        from spinf_stream.kernels.tree_attention import BLOCK_N as ATTENTION_KEYS, WIDE_HEAD_BLOCK_N
+        from spinf_stream.kernels.matmul import tile_config, tuned_tiles
+        from spinf_stream.kernels.tree_attention import keys_per_step
 
         narrow, wide = tile_config(device, dtype, 1), tile_config(device, dtype, 1 << 20)
         gemm = f"gemm {narrow.block_m}x{narrow.block_n}x{narrow.block_k}"
@@ -67,7 +70,11 @@ class TritonBackend(Backend):
             from spinf_stream.kernels.matmul import INTERPRETER_BLOCK_N
 
             gemm += f" ({wide.block_m}x{wide.block_n}x{wide.block_k} for N >= {4 * INTERPRETER_BLOCK_N})"
-        tiles = f"{gemm}, attention keys {ATTENTION_KEYS} ({WIDE_HEAD_BLOCK_N} above head dim 128 or on sm_100), lse {BLOCK_V}"
+        measured = tuned_tiles(device, dtype)
+        if measured:
+            gemm += f", {measured}"
+        keys = "/".join(str(keys_per_step(device, d)) for d in (64, 128, 256))
+        tiles = f"{gemm}, attention keys {keys} at head dim 64/128/256, lse {BLOCK_V}"
         bits_probe = "not_needed" if cls.invariant_by_construction else "not_run"
         triton = installed_version("triton")
         if device.type == "cuda":
@@ -79,16 +86,51 @@ class TritonBackend(Backend):
                         tiles=tiles, bits_probe=bits_probe)
 
     def linear(
-        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+        self, x: Activation, weight: Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if isinstance(weight, QuantizedWeight):
-            from spinf_stream.kernels import matmul_fp8_triton, matmul_int8_triton
-
-            quantized = matmul_int8_triton if weight.data.dtype == torch.int8 else matmul_fp8_triton
-            y = quantized(x, weight.data, weight.scale)
-        else:
-            y = self._matmul(x, weight)
+        y = self._linear(x, weight)
         return y if bias is None else y + bias
+
+    def _linear(self, x: Activation, weight: Weight, add_to: torch.Tensor | None = None) -> torch.Tensor:
+        from spinf_stream.kernels import matmul_fp8_triton, matmul_int8_triton, matmul_triton
+
+        if isinstance(x, QuantizedRows):  # normed and quantized for this float8 layer
+            return matmul_fp8_triton((x.data, x.scale), weight.data, weight.scale, out_dtype=x.dtype, add_to=add_to)
+        if isinstance(weight, QuantizedWeight):
+            if weight.data.dtype == torch.int8:
+                return matmul_int8_triton(x, weight.data, weight.scale, add_to=add_to)
+            return matmul_fp8_triton(x, weight.data, weight.scale, add_to=add_to)
+        if add_to is not None:
+            return matmul_triton(x.contiguous(), weight, add_to=add_to)
+        return self._matmul(x, weight)
+
+    def add_linear(self, residual: torch.Tensor, x: Activation, weight: Weight) -> None:
+        self._linear(x, weight, add_to=residual)
+
+    def add_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
+        from spinf_stream.kernels import rms_norm_add_triton
+
+        rms_norm_add_triton(x, weight, eps, offset, residual)
+
+    def norm_into(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, into: Weight) -> Activation:
+        """For a float8 layer, the norm writes its rows quantized (one kernel, no bf16 round trip)."""
+        if isinstance(into, QuantizedWeight) and into.data.dtype == torch.float8_e4m3fn:
+            from spinf_stream.kernels import rms_norm_fp8_triton
+
+            x8, sx = rms_norm_fp8_triton(x, weight, eps, offset)
+            return QuantizedRows(x8, sx, x.dtype)
+        return self.rms_norm(x, weight, eps, offset)
+
+    def gated_linear(self, x: Activation, weight: Weight, activation: str) -> torch.Tensor:
+        from spinf_stream.kernels import gated_matmul_fp8_triton, gated_matmul_int8_triton, gated_matmul_triton
+
+        if isinstance(x, QuantizedRows):
+            return gated_matmul_fp8_triton((x.data, x.scale), weight.data, weight.scale, activation, out_dtype=x.dtype)
+        if isinstance(weight, QuantizedWeight):
+            if weight.data.dtype == torch.int8:
+                return gated_matmul_int8_triton(x, weight.data, weight.scale, activation)
+            return gated_matmul_fp8_triton(x, weight.data, weight.scale, activation)
+        return gated_matmul_triton(x.contiguous(), weight, activation)
 
     def _matmul(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         from spinf_stream.kernels import matmul_triton
@@ -142,6 +184,7 @@ class CublasBackend(TritonBackend):
 
     name = "cublas"
     invariant_by_construction = False
+    fused_epilogues = False  # cuBLAS GEMMs, the activation and adds in torch (the measured baseline)
 
     @classmethod
     def check(cls, device: torch.device, dtype: torch.dtype | str | None) -> None:
