@@ -4,7 +4,7 @@ engine on real model shapes with random weights. Installs nothing, downloads not
     python bench/gpu_check.py                 # Qwen3-8B and Gemma-3-12B shapes, bf16, fp8 and int8 (7.3 min on one H200 before int8)
     python bench/gpu_check.py --non-invariant # also the same passes with cuBLAS GEMMs (the cost of invariance)
     python bench/gpu_check.py --tiny          # a tiny shape on the CPU through Triton's interpreter (CI runs this)
-    python bench/gpu_check.py --sweep --profile --non-invariant --budget-s 450  # the one prepared GPU call (bench/gpu_run.sh)
+    python bench/gpu_check.py --sweep --profile --non-invariant --budget-s 380  # as bench/gpu_run.sh runs it
 
 ``--sweep`` (bench/gpu_sweep.py) first times every candidate GEMM kernel and tile on both models'
 shapes and uses the winners for the rest of the run (and writes them under ``--out``);

@@ -29,6 +29,8 @@ GAP_OF = {
     "o": "attn_residual", "post_attn_norm": "attn_residual", "mlp_norm": "attn_residual", "gate_up": "activation",
     "down": "mlp_residual", "post_mlp_norm": "mlp_residual", "final_norm": "final_norm", "lm_head": "logsumexp",
 }
+#: The back end's methods timed, and which argument is the weight that names the op.
+WEIGHT_ARG = {"linear": 1, "rms_norm": 1, "norm_into": 1, "gated_linear": 1, "add_linear": 2, "add_norm": 2}
 #: A timed op's time-model op (the norms around the residual adds are one op there).
 OP_OF = {"post_attn_norm": "attn_residual", "mlp_norm": "attn_residual", "post_mlp_norm": "mlp_residual"}
 
@@ -83,7 +85,7 @@ class Profiler:
         self.marks: list[tuple[str, Any, Any]] = []
         self.on = False
         b = decoder.backend
-        for method in ("linear", "rms_norm", "norm_into", "gated_linear"):
+        for method in WEIGHT_ARG:
             setattr(b, method, self._timed(getattr(b, method), method))
         attention = b.attention
 
@@ -92,9 +94,15 @@ class Profiler:
             return lambda *x, **y: self._span("attention", attend, x, y)
 
         b.attention = timed_attention
+        self.backend = b
+
+    def close(self) -> None:
+        """Give the back end its own methods back."""
+        for method in (*WEIGHT_ARG, "attention"):
+            self.backend.__dict__.pop(method, None)
 
     def _label(self, method: str, args: tuple[Any, ...]) -> str:
-        w = args[1]
+        w = args[WEIGHT_ARG[method]]
         t = getattr(w, "data", w) if not isinstance(w, torch.Tensor) else w
         return "gate_up" if method == "gated_linear" else self.names.get(t.data_ptr(), method)
 
@@ -140,7 +148,10 @@ def profile(shape: str, dtype: str, decoder: Any, prepared: list[Any], budget: i
     n_choices = [2] * len(prepared[0].branches)
     prof = Profiler(decoder, device)
     score_passes(decoder, prepared[:1], budget, None, 0, n_choices)  # compiled before timing
-    total, per = prof.measure(lambda: score_passes(decoder, prepared, budget, None, 0, n_choices))
+    try:
+        total, per = prof.measure(lambda: score_passes(decoder, prepared, budget, None, 0, n_choices))
+    finally:
+        prof.close()
     spec = decoder.spec
     p = plan_of(prepared, budget, {ls.window for ls in spec.layers})
     model = {o.name: o for o in ops(spec, p, "fp8" if dtype == "fp8" else "bfloat16")}
