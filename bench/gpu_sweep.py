@@ -96,6 +96,7 @@ class Gemm:
     n: int
     k: int
     gated: bool = False
+    residual: bool = False  #: adds into the residual stream (o and down of families without sandwich norms)
 
 
 def gemms(tiny: bool) -> list[Gemm]:
@@ -112,9 +113,11 @@ def gemms(tiny: bool) -> list[Gemm]:
         p = plan(s.vocab_size, {None}, seed)
         m = -(-p.rows // p.passes)
         qkv = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
-        out += [Gemm(shape, "qkv", m, qkv, s.hidden_size), Gemm(shape, "o", m, s.hidden_size, s.num_heads * s.head_dim),
+        add = not s.sandwich_norms
+        out += [Gemm(shape, "qkv", m, qkv, s.hidden_size),
+                Gemm(shape, "o", m, s.hidden_size, s.num_heads * s.head_dim, residual=add),
                 Gemm(shape, "gate_up", m, 2 * s.intermediate_size, s.hidden_size, True),
-                Gemm(shape, "down", m, s.hidden_size, s.intermediate_size)]
+                Gemm(shape, "down", m, s.hidden_size, s.intermediate_size, residual=add)]
     return out
 
 
@@ -160,11 +163,14 @@ def reference(y: torch.Tensor, g: Gemm, act: str = "silu") -> torch.Tensor:
     return gate * torch.sigmoid(gate) * up
 
 
-def run(g: Gemm, dtype: str, cfg: TileConfig, ops: tuple[Any, ...], device: torch.device) -> torch.Tensor:
+def run(g: Gemm, dtype: str, cfg: TileConfig, ops: tuple[Any, ...], device: torch.device,
+        residual: bool = False) -> torch.Tensor:
     x, w, sx, sw, _ = ops
     out_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     y = torch.empty(x.shape[0], g.n // 2 if g.gated else g.n, dtype=out_dtype, device=device)
-    launch(x, w, y, gated_config(cfg) if g.gated else cfg, sx, sw, "silu" if g.gated else None)
+    if residual:  # the residual stream the product is added to: zeros, so the result is the product
+        y.zero_()
+    launch(x, w, y, gated_config(cfg) if g.gated else cfg, sx, sw, "silu" if g.gated else None, residual=residual)
     return y
 
 
@@ -183,13 +189,13 @@ def sweep(tiny: bool, device: torch.device, reps: int = 5) -> tuple[list[dict[st
             best = None
             for cfg in [fallback, *[c for c in configs if c != fallback]]:
                 try:
-                    y = run(g, dtype, cfg, ops, device)
+                    y = run(g, dtype, cfg, ops, device, g.residual)
                     err = float((y.float() - want).abs().max() / want.abs().max().clamp(min=1e-30))
                     sub = (ops[0][:37], *ops[1:2], None if ops[2] is None else ops[2][:37], ops[3], None)
                     rev = (ops[0].flip(0), *ops[1:2], None if ops[2] is None else ops[2].flip(0), ops[3], None)
-                    invariant = (torch.equal(run(g, dtype, cfg, sub, device), y[:37])
-                                 and torch.equal(run(g, dtype, cfg, rev, device).flip(0), y))
-                    seconds = _time(lambda: run(g, dtype, cfg, ops, device), device, reps)
+                    invariant = (torch.equal(run(g, dtype, cfg, sub, device, g.residual), y[:37])
+                                 and torch.equal(run(g, dtype, cfg, rev, device, g.residual).flip(0), y))
+                    seconds = _time(lambda: run(g, dtype, cfg, ops, device, g.residual), device, reps)
                     row = {"check": "gemm_sweep", "shape": g.shape, "gemm": g.name, "dtype": dtype, "m": g.m, "n": g.n,
                            "k": g.k, **dataclasses.asdict(cfg), "ms": round(seconds * 1e3, 4),
                            "tflops": round(2 * g.m * g.n * g.k / seconds / 1e12, 2), "rel_err": err,
@@ -210,7 +216,7 @@ def sweep(tiny: bool, device: torch.device, reps: int = 5) -> tuple[list[dict[st
 
 def compile_candidates(sm: int) -> list[dict[str, Any]]:
     """Every candidate compiled for ``sm`` (no GPU: ``kernels.aot.compiling_for``) on every GEMM of
-    both models, plain and gated: one ``KernelReport`` row per distinct kernel variant, with the
+    both models, plain, gated and adding into the residual: one ``KernelReport`` row per distinct kernel variant, with the
     candidate and the shapes it was compiled for (tests/test_gemm_sweep.py reads them)."""
     from spinf_stream.kernels.aot import compiling_for, inspect
 
@@ -225,6 +231,8 @@ def compile_candidates(sm: int) -> list[dict[str, Any]]:
                 sw = torch.empty(g.n) if dtype == "fp8" else None
                 with compiling_for(sm) as compiled:
                     run(g, dtype, cfg, (x, w, sx, sw, None), torch.device("cpu"))
+                    if g.name in ("o", "down"):  # as the engine runs them for Llama, Qwen and Mistral
+                        run(g, dtype, cfg, (x, w, sx, sw, None), torch.device("cpu"), True)
                 for k in compiled:
                     r = dataclasses.asdict(inspect(k))
                     key = (dtype, json.dumps(r, sort_keys=True))

@@ -1,6 +1,6 @@
 """The GEMM sweep's candidates (``bench/gpu_sweep.py``), compiled with no GPU for Hopper (sm_90) and
-datacenter Blackwell (sm_100) on every GEMM of both GPU-check models, plain and gated, bf16 and
-fp8: whichever one a GPU run picks is known to fit. Checked per compiled kernel: shared memory
+datacenter Blackwell (sm_100) on every GEMM of both GPU-check models, plain, gated and adding
+into the residual, bf16 and fp8: whichever one a GPU run picks is known to fit. Checked per compiled kernel: shared memory
 within the architecture's limit, no register spills, the architecture's tensor-core family, fp8
 operands on the tensor cores exactly in the fp8 GEMMs, and the persistent kernel's loads through
 the tensor memory accelerator (``cp.async.bulk.tensor``) on both architectures."""
@@ -41,6 +41,7 @@ def test_every_candidate_was_compiled_plain_and_gated(compiled: tuple[int, list[
     got = {(r["dtype"], json.dumps(r["candidate"], sort_keys=True), r["constexprs"]["ACTIVATION"]) for r in rows}
     want = {(d, json.dumps(c.__dict__, sort_keys=True), a) for d, cs in candidates(sm).items() for c in cs for a in (0, 1)}
     assert got == want
+    assert {r["constexprs"].get("RESIDUAL", False) for r in rows} == {False, True}
     # every dtype keeps the persistent kernel and at least one tile besides the fallback rule's
     for dtype, cs in candidates(sm).items():
         assert any(c.kernel == "tma" for c in cs) and len(cs) >= 3, (dtype, cs)

@@ -739,7 +739,8 @@ def _norm_add(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> torch.Tensor
 
 @pytest.mark.parametrize("kernel", ["tiled", "tma"])
 def test_the_residual_epilogue_adds_the_product_to_the_residual_stream(triton_run: TritonRunner, kernel: str) -> None:
-    """residual + x @ w.T against float64, in place; a row's bits its own (a subset of rows)."""
+    """residual + x @ w.T against float64, in place; a row's bits its own (a subset of rows).
+    A "tma" config adds through the tiled kernel (the persistent one spills with the residual)."""
     x = torch.randn(70, 96, generator=_gen(61))
     w = torch.randn(48, 96, generator=_gen(62)) / 10
     r = torch.randn(70, 48, generator=_gen(63))

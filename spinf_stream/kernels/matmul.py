@@ -216,14 +216,18 @@ def launch(
 
     A ``"tma"`` config runs the persistent tensor-descriptor kernel where the operands meet the
     tensor memory accelerator's alignment (16-byte base and row strides; a property of the model's
-    shapes, not of M), else the tiled kernel with the same tiles.
+    shapes, not of M) and nothing is added into ``y``, else the tiled kernel with the same tiles.
     """
     M, K = x.shape
     N = y.shape[1]
+    if residual:
+        cfg = residual_config(cfg)
     act = 0 if activation is None else ACTIVATIONS[activation]
     up_offset = w.shape[0] // 2 if act else 0
-    if cfg.kernel == "tma" and w.dtype == x.dtype and tma_ready(x, w, y):
-        launch_tma(x, w, y, cfg, row_scales, col_scales, act, up_offset, residual)
+    # the persistent kernel spills with the residual's tile beside its accumulator (sm_90, 128x128:
+    # 192 bytes in bf16 with 4 warps, 48 in fp8 with 8): adding launches take the tiled kernel
+    if cfg.kernel == "tma" and not residual and w.dtype == x.dtype and tma_ready(x, w, y):
+        launch_tma(x, w, y, cfg, row_scales, col_scales, act, up_offset)
         return
     xs = y if row_scales is None else row_scales  # unread without ROW_SCALES
     ws = y if col_scales is None else col_scales  # unread without COL_SCALES
@@ -236,6 +240,17 @@ def launch(
         WIDEN_W=w.dtype != x.dtype, ACTIVATION=act, RESIDUAL=residual,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
     )
+
+
+def residual_config(cfg: TileConfig) -> TileConfig:
+    """The tiles of a launch that adds into the residual: at most 128 columns and at most 64
+    accumulator values a thread, since the residual's tile is held beside the accumulator (the
+    128x256 tile spills with it: 344 bytes in fp8 on sm_90, 8 in bf16 on sm_100; 128x128 with 4
+    warps 128 bytes on sm_90; docs/kernels.md). Columns and warps only group independent
+    outputs: the sums keep their order."""
+    block_n = min(cfg.block_n, 128)
+    warps = max(cfg.num_warps, cfg.block_m * block_n // (64 * 32))
+    return TileConfig(cfg.block_m, block_n, cfg.block_k, warps, cfg.num_stages, cfg.kernel, cfg.group_m)
 
 
 def gated_config(cfg: TileConfig) -> TileConfig:

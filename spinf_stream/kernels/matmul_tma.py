@@ -31,7 +31,6 @@ def _matmul_tma_kernel(
     M, N, K, UP_OFFSET, PROGRAMS, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROW_SCALES: tl.constexpr, COL_SCALES: tl.constexpr, ACTIVATION: tl.constexpr,
-    RESIDUAL: tl.constexpr,
 ):
     # X, W: tensor descriptors of x [M, K] and w [N or 2I, K] with block shapes [BLOCK_M, BLOCK_K]
     # and [BLOCK_N, BLOCK_K]; Y: y [M, N], stored from registers (a TMA store would take a
@@ -60,7 +59,7 @@ def _matmul_tma_kernel(
         m_ok = offs_m < M
         n_ok = offs_n < N
         y = scale_and_activate(acc, up, XS, WS, offs_m, offs_n, m_ok, n_ok, UP_OFFSET, ROW_SCALES, COL_SCALES, ACTIVATION)
-        store_tile(Y, y, offs_m, offs_n, m_ok, n_ok, stride_ym, 1, RESIDUAL)
+        store_tile(Y, y, offs_m, offs_n, m_ok, n_ok, stride_ym, 1, False)
 
 
 def tma_ready(*tensors: Tensor) -> bool:
@@ -88,7 +87,7 @@ def programs(device: torch.device, tiles: int) -> int:
 
 
 def launch_tma(x: Tensor, w: Tensor, y: Tensor, cfg, row_scales: Tensor | None, col_scales: Tensor | None,
-               activation: int, up_offset: int, residual: bool = False) -> None:
+               activation: int, up_offset: int) -> None:
     """Launch the persistent kernel (arguments as ``matmul.launch``; ``activation`` its code)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -102,6 +101,6 @@ def launch_tma(x: Tensor, w: Tensor, y: Tensor, cfg, row_scales: Tensor | None, 
         M, N, K, up_offset, n_programs, y.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         DOT_PRECISION=dot_precision(x.dtype), ROW_SCALES=row_scales is not None,
-        COL_SCALES=col_scales is not None, ACTIVATION=activation, RESIDUAL=residual,
+        COL_SCALES=col_scales is not None, ACTIVATION=activation,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
     )
