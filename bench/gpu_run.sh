@@ -9,14 +9,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/spinf-gpu}
 mkdir -p "$OUT"
+PY=${PYTHON:-python3}  # the GPU machine's own torch and Triton (never a CPU build's .venv)
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr -cd 'A-Za-z0-9-')
 log="$OUT/gpu-${card:-gpu}-$(date -u +%F).jsonl"
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | head -1)"
-  python -c 'import torch, triton, transformers; print("#", torch.__version__, triton.__version__, transformers.__version__)'
+  $PY -c 'import torch, triton, transformers; print("#", torch.__version__, triton.__version__, transformers.__version__)'
   echo "# load $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$log"
-PY=python; [ -x .venv/bin/python ] && PY=.venv/bin/python
 timeout 500 $PY bench/gpu_check.py --sweep --profile --non-invariant --budget-s 380 --baseline-docs 4 --out "$OUT" 2>"$OUT/stderr.txt" | tee -a "$log"
 echo "# exit ${PIPESTATUS[0]}, load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$log"
 tail -5 "$OUT/stderr.txt"
