@@ -634,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             plain = {k: baselines[k] for k in ("kv_reuse", "prompt_per_question")}
             given = plain if args.tiny and dtype != "float32" else baselines  # --tiny: extraction once
             line = run_setting(name, config, model, sd, dtype, kernels, prepared, budget, device, peaks, given,
-                               profile=args.profile and kernels == "triton" and dtype in ("bfloat16", "fp8", "float32"))
+                               profile=args.profile and kernels == "triton" and dtype in ("bfloat16", "fp8", "float32")
+                               and (dtype == "float32" or not args.tiny))  # --tiny: the code path once
             print(json.dumps(line), flush=True)
         del model, sd
         if device.type == "cuda":
