@@ -26,7 +26,8 @@ def scale_and_activate(acc, up, XS, WS, offs_m, offs_n, m_ok, n_ok, UP_OFFSET,
     if ROW_SCALES:
         xs = tl.load(XS + offs_m, mask=m_ok, other=0.0)[:, None]
         acc = acc * xs
-        up = up * xs
+        if ACTIVATION != 0:  # a plain GEMM's up tile is an unused zero: no work on it
+            up = up * xs
     if COL_SCALES:
         acc = acc * tl.load(WS + offs_n, mask=n_ok, other=0.0)[None, :]
         if ACTIVATION != 0:
