@@ -120,13 +120,12 @@ def weights(cfg: Any) -> dict[str, torch.Tensor]:
 WORKLOADS = {"batch": (None, 4096), "alone": (0, 4096), "carried": (None, 24)}
 
 
-def variants(name: str, dtype: str, sm: int) -> dict[str, dict[str, Any]]:
-    """Run the engine on model ``name`` in ``dtype`` with every launch compiled for ``sm``, once
-    per workload of :data:`WORKLOADS`: per workload, the compiled kernels by their hash (which
-    covers the arguments' specialisation, the constexprs and the launch options)."""
+def decoder_and_workload(name: str, dtype: str) -> tuple[Any, tuple[Any, ...]]:
+    """Model ``name``'s decoder in ``dtype`` (uninitialised weights) and the workload it runs:
+    ``(docs, n_choices, grammars)``. Neither depends on the architecture (kernels pick their
+    variant at launch), so one serves every architecture."""
     from gpu_check import with_extractions, workload
 
-    from spinf_stream.engine.runner import run_passes
     from spinf_stream.models import build_decoder, spec_for
     from spinf_stream.models.backend import make_backend
 
@@ -135,7 +134,16 @@ def variants(name: str, dtype: str, sm: int) -> dict[str, dict[str, Any]]:
     decoder = build_decoder(spec_for(cfg), weights(cfg), dtype=act, device="cpu", backend=make_backend("triton"))
     docs = workload(cfg.vocab_size, 3, 40, 3, 5)
     docs, grammars = with_extractions(docs, cfg.vocab_size, 1, 5, 3)
-    n_choices = [2] * len(docs[0].branches)
+    return decoder, (docs, [2] * len(docs[0].branches), grammars)
+
+
+def variants(decoder: Any, work: tuple[Any, ...], sm: int) -> dict[str, dict[str, Any]]:
+    """Run ``decoder`` on ``work`` (:func:`decoder_and_workload`) with every launch compiled for
+    ``sm``, once per workload of :data:`WORKLOADS`: per workload, the compiled kernels by their
+    hash (which covers the arguments' specialisation, the constexprs and the launch options)."""
+    from spinf_stream.engine.runner import run_passes
+
+    docs, n_choices, grammars = work
     out = {}
     for workload, (doc, budget) in WORKLOADS.items():
         with compiling_for(sm) as compiled:
@@ -144,12 +152,12 @@ def variants(name: str, dtype: str, sm: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def launches(name: str, dtype: str, sm: int) -> list[tuple[KernelReport, list[str]]]:
-    """The distinct kernels the engine compiled for ``sm`` over every workload, inspected, each
+def launches(decoder: Any, work: tuple[Any, ...], sm: int) -> list[tuple[KernelReport, list[str]]]:
+    """The distinct kernels ``decoder`` compiled for ``sm`` over every workload, inspected, each
     with the workloads that compiled it."""
     seen: dict[str, Any] = {}
     where: dict[str, list[str]] = {}
-    for workload, kernels in variants(name, dtype, sm).items():
+    for workload, kernels in variants(decoder, work, sm).items():
         seen.update(kernels)
         for h in kernels:
             where.setdefault(h, []).append(workload)
@@ -178,15 +186,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def collect(models: list[str], dtypes: list[str], archs: list[int]) -> list[dict[str, Any]]:
     rows = []
-    for sm in archs:
+    for name in models:
         for dtype in dtypes:
-            if dtype == "fp8" and not ARCHS[sm].fp8:
+            targets = [sm for sm in archs if dtype != "fp8" or ARCHS[sm].fp8]
+            if not targets or dtype == "float32" and name not in PARITY_MODELS:
                 continue
-            for name in models:
-                if dtype == "float32" and name not in PARITY_MODELS:
-                    continue
-                for rep, workloads in launches(name, dtype, sm):
+            decoder, work = decoder_and_workload(name, dtype)
+            for sm in targets:
+                for rep, workloads in launches(decoder, work, sm):
                     rows.append({"model": name, "dtype": dtype, **dataclasses.asdict(rep), "workloads": workloads})
+            del decoder
+    rows.sort(key=lambda r: (r["sm"], DTYPES.index(r["dtype"]), list(MODELS).index(r["model"])))
     return rows
 
 

@@ -91,10 +91,16 @@ class _Allowed:
         alphabet |= set(b"dollarspoundeurosrupeyenwbluiaxfcn") | set(b"thousandmillionbilliontrillionkmbnt")  # words, scales
         self.vocab = vocab
         self.candidates = [t for t, b in enumerate(vocab) if b and set(b) <= alphabet]
+        self.first_bytes = {vocab[t][0] for t in self.candidates}
         self.stops = sorted({eos} | {t for t, b in enumerate(vocab) if b.startswith(b"\n")})
 
     def __call__(self, written: bytes) -> list[int]:
-        ok = [t for t in self.candidates if self.pattern.fullmatch(written + self.vocab[t], partial=True)]
+        # what partially matches is prefix-closed: a token can continue ``written`` only if its
+        # first byte can (the same test, on fewer strings)
+        firsts = {c for c in self.first_bytes
+                  if self.pattern.fullmatch(written + bytes([c]), partial=True)}
+        ok = [t for t in self.candidates
+              if self.vocab[t][0] in firsts and self.pattern.fullmatch(written + self.vocab[t], partial=True)]
         if written.strip(b" ") and self.pattern.fullmatch(written):
             ok += self.stops
         return sorted(set(ok))

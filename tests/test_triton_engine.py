@@ -37,6 +37,21 @@ def triton_decoder(tiny_models):
     return get
 
 
+@pytest.fixture(scope="module")
+def spam_engine(tiny_models, loaded, triton_decoder):
+    """``family -> Engine`` of the spam pack on the Triton path, one per family: its preamble
+    prefill is the interpreter's largest cost."""
+    memo = {}
+
+    def get(family: str) -> Engine:
+        if family not in memo:
+            _, tok = loaded(tiny_models(family))
+            memo[family] = Engine(triton_decoder(family), tok, load_pack("spam"), family)
+        return memo[family]
+
+    return get
+
+
 def _messages(n: int) -> list[Message]:
     return [Message(id=r["id"], fields=r) for r in dataset("sms_spam", n)]
 
@@ -55,12 +70,12 @@ def test_spinf_kernels_env_selects_the_triton_back_end(tiny_models, monkeypatch)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_triton_path_matches_the_torch_path_and_transformers(tiny_models, loaded, triton_decoder, family):
+def test_triton_path_matches_the_torch_path_and_transformers(tiny_models, loaded, spam_engine, family):
     path = tiny_models(family)
     torch_decoder, tok = loaded(path)
     pack = load_pack("spam")
     msgs = _messages(3)
-    got = Engine(triton_decoder(family), tok, pack, family).score(msgs)
+    got = spam_engine(family).score(msgs)
     want = _logprobs(Engine(torch_decoder, tok, pack, family).score(msgs))
     for key, lp in _logprobs(got).items():
         assert lp == pytest.approx(want[key], abs=1e-5), key
@@ -74,13 +89,9 @@ def test_triton_path_matches_the_torch_path_and_transformers(tiny_models, loaded
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_triton_path_is_bitwise_invariant_to_order_budget_and_splits(tiny_models, loaded, triton_decoder, family):
-    _, tok = loaded(tiny_models(family))
-    decoder = triton_decoder(family)
-    pack = load_pack("spam")
+def test_triton_path_is_bitwise_invariant_to_order_budget_and_splits(spam_engine, family):
     msgs = _messages(3)
-
-    engine = Engine(decoder, tok, pack, family)  # one preamble prefill: the interpreter's largest cost
+    engine = spam_engine(family)
 
     def run(batch, budget):
         return {r.id: orjson.dumps(r.model_dump()) for r in at_budget(engine, budget).score(batch)}
@@ -94,7 +105,7 @@ def test_triton_path_is_bitwise_invariant_to_order_budget_and_splits(tiny_models
     assert reversed_split == together
 
 
-def test_attention_is_one_kernel_launch_per_layer_per_pass(tiny_models, loaded, triton_decoder, monkeypatch):
+def test_attention_is_one_kernel_launch_per_layer_per_pass(spam_engine, monkeypatch):
     """No per-message loop in the layer loop: the whole pass's attention is one launch a layer."""
     import importlib
 
@@ -109,14 +120,11 @@ def test_attention_is_one_kernel_launch_per_layer_per_pass(tiny_models, loaded, 
             return real[grid]
 
     monkeypatch.setattr(ta, "_tree_attention_kernel", Counting())
-    family = "gemma3"
-    _, tok = loaded(tiny_models(family))
-    decoder = triton_decoder(family)
-    engine = Engine(decoder, tok, load_pack("spam"), family)
+    engine = spam_engine("gemma3")
     launches.clear()
     engine.score(_messages(4))  # four messages, many branches: one pass
     assert engine.last_run.passes == 1
-    assert len(launches) == decoder.spec.num_layers
+    assert len(launches) == engine.decoder.spec.num_layers
 
 
 @pytest.mark.parametrize("weights", ["fp8", "int8"])

@@ -27,6 +27,13 @@ from fakes import FAKES, TRAP_EXIT
 REPO = Path(__file__).resolve().parents[1]
 FAST_S = 5.0
 
+
+def fast_s() -> float:
+    """:data:`FAST_S` on an idle machine, stretched by the load beside the test (the 1-minute load
+    average per CPU, when over 1: the other xdist worker, a benchmark): what it guards against is
+    a wait on a network timeout or a retry, not a slow start under load."""
+    return FAST_S * max(1.0, os.getloadavg()[0] / len(os.sched_getaffinity(0)))
+
 NEWS_PACK = """\
 name: news
 version: 1.0.0
@@ -163,7 +170,8 @@ def test_a_usage_mistake_is_one_line_exit_2_before_any_model_loads(files, name, 
     proc, seconds = spinf(args(files), env)
     assert_usage_error(proc, *expected)
     if timed:
-        assert seconds < FAST_S, f"{seconds:.1f} s from the typo to its error"
+        limit = fast_s()
+        assert seconds < limit, f"{seconds:.1f} s from the typo to its error (limit {limit:.1f} s at this load)"
 
 
 def test_the_table_covers_at_least_fifteen_mistakes():
@@ -190,7 +198,7 @@ def test_a_missing_input_topic_is_an_error_naming_the_topic_and_the_escape_hatch
     t = topics(1)
     proc, seconds = spinf(["run", "--bootstrap-servers", t.bootstrap, "--input-topic", "no-such-topic", "--model", "smollm2-135m"])
     assert_usage_error(proc, "input topic no-such-topic does not exist", t.input, "--allow-missing-topics")
-    assert seconds < FAST_S
+    assert seconds < fast_s()
 
 
 @pytest.mark.broker
@@ -231,7 +239,7 @@ def test_produce_to_a_missing_topic_names_it(topics, files):
     t = topics(1)
     proc, seconds = spinf(["produce", "--bootstrap-servers", t.bootstrap, "--topic", "no-such-topic", "--input", files["in"]])
     assert_usage_error(proc, "--topic no-such-topic", "does not exist")
-    assert seconds < FAST_S
+    assert seconds < fast_s()
 
 
 # -- --help and --version ----------------------------------------------------------------------

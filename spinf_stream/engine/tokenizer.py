@@ -20,8 +20,8 @@ With no special-token text in the fields the two modes give the same tokens.
 from __future__ import annotations
 
 import functools
-
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +37,11 @@ SPECIAL_TOKENS_IN_FIELDS: tuple[str, ...] = ("plain", "parse")
 
 #: (start, end, token id) of a control token in a prompt
 Control = tuple[int, int, int]
+
+#: The private copy made of each ``transformers`` tokenizer, per mode and vocabulary size: later
+#: :class:`PromptTokenizer` s of the same tokenizer and mode share it (seconds for Gemma's 262k
+#: vocabulary, once per engine, route and pack otherwise).
+_COPIES: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], PromptTokenizer]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,8 @@ class PromptTokenizer:
 
     Args:
         tokenizer: a ``transformers`` fast tokenizer, whose ``backend_tokenizer`` is copied (a
-            second or so for a large vocabulary) so that no one else's use of it changes ours
+            second or so for a large vocabulary; once per tokenizer, mode and vocabulary size,
+            then shared) so that no one else's use of it changes ours
             (``transformers`` switches the shared backend's ``encode_special_tokens`` on every
             call that passes ``split_special_tokens``); or another :class:`PromptTokenizer`, whose
             copy is shared (cheap; two sharers in different modes must not encode from two threads at once).
@@ -84,6 +90,15 @@ class PromptTokenizer:
                 f"got {special_tokens_in_fields!r}"
             )
         self.mode: SpecialTokensInFields = special_tokens_in_fields
+        if not isinstance(tokenizer, PromptTokenizer):
+            try:
+                copies = _COPIES.setdefault(tokenizer, {})
+            except TypeError:  # not weakly referenceable: a copy of its own
+                copies = {}
+            key = (special_tokens_in_fields, len(tokenizer))
+            if key not in copies:
+                copies[key] = PromptTokenizer._copy(tokenizer, special_tokens_in_fields)
+            tokenizer = copies[key]
         if isinstance(tokenizer, PromptTokenizer):
             self._backend = tokenizer._backend
             self.special_ids = tokenizer.special_ids
@@ -92,7 +107,12 @@ class PromptTokenizer:
             self._controls = tokenizer._controls
             self.prefix_ids = tokenizer.prefix_ids
             self.seams = tokenizer.seams
-            return
+
+    @classmethod
+    def _copy(cls, tokenizer: Any, mode: SpecialTokensInFields) -> PromptTokenizer:
+        """A :class:`PromptTokenizer` on a fresh copy of ``tokenizer``'s backend."""
+        self = cls.__new__(cls)
+        self.mode = mode
         backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         backend.no_truncation()
         backend.no_padding()
@@ -107,6 +127,7 @@ class PromptTokenizer:
         self._controls: dict[str, tuple[Control, ...]] = {}
         self.prefix_ids = self._prefix()
         self.seams: Seams | None = find_seams(backend)
+        return self
 
     def _prefix(self) -> tuple[int, ...]:
         prefixes = set()
