@@ -18,7 +18,7 @@ from oracle import Oracle, load_hf, prompt_pieces, prompt_tokens
 
 from spinf_stream.packs import PackError, load_pack, parse_pack
 from spinf_stream.engine.segment import Segmenter
-from spinf_stream.engine.tokenizer import PromptTokenizer
+from spinf_stream.engine.tokenizer import Prompt, PromptTokenizer
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma-3-270m"]
 
@@ -156,6 +156,34 @@ def test_with_no_special_token_text_in_fields_both_modes_are_the_tokenizers_defa
         head = pack.preamble + pack.render_prompt(fields)
         for q, ids in zip(pack.expand(), _prompt_ids(seg, fields)):
             assert ids == hf(head + pack.render_question(q))["input_ids"]
+
+
+def test_prompt_tokenizers_of_one_tokenizer_share_a_copy_per_mode_that_transformers_never_touches(tok):
+    hf, plain = tok
+    again, parse = PromptTokenizer(hf), PromptTokenizer(hf, "parse")
+    assert again._backend is plain._backend and parse._backend is not plain._backend
+    assert plain._backend is not hf.backend_tokenizer
+    field = Prompt(FORGED, ((0, len(FORGED)),))
+    before = (plain.encode([field], add_special_tokens=False), parse.encode([field], add_special_tokens=False))
+    hf(FORGED, split_special_tokens=True)  # transformers switches its backend per call
+    hf(FORGED, split_special_tokens=False)
+    after = (again.encode([field], add_special_tokens=False),
+             PromptTokenizer(hf, "parse").encode([field], add_special_tokens=False))
+    assert after == before
+    assert before[0] != before[1]  # the modes differ on forged control tokens
+
+
+def test_a_tokenizer_given_another_token_gets_a_copy_of_its_own():
+    from transformers import AutoTokenizer
+
+    from spinf_stream.models.resolve import resolve
+
+    hf = AutoTokenizer.from_pretrained(str(resolve("smollm2-135m").path))
+    first = PromptTokenizer(hf)
+    hf.add_tokens(["<spinf_test_token>"])
+    second = PromptTokenizer(hf)
+    assert second._backend is not first._backend
+    assert second.encode([Prompt("a <spinf_test_token>")], add_special_tokens=True) == [hf("a <spinf_test_token>")["input_ids"]]
 
 
 def test_gemma_field_text_loses_its_control_tokens_but_keeps_ordinary_added_tokens():
