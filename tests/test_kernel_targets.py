@@ -3,7 +3,7 @@ names (sm_80 to sm_120) at the real shapes of every supported family and shipped
 GPU: Triton's own compiler, driven by the engine itself (``bench/kernel_table.py``).
 
 CI compiles the models of ``COVERING`` (every attention kind of the whole list) in bf16, fp8 and int8
-for sm_80, 89, 90, 100 and 120 (``CI_ARCHS``, ``CI_DTYPES``: 160 s alone on a 2-core Xeon);
+for sm_80, 89, 90, 100 and 120 (``CI_ARCHS``, ``CI_DTYPES``: 410 s of one worker in CI, cold, mostly compiling);
 ``bench/kernel_table.py`` alone does the whole list, fp16, fp32 and sm_86 too (docs/kernels.md).
 Checked for each compiled kernel: shared memory within the architecture's limit; no register
 spills (or a spill listed in ``JUSTIFIED`` with its reason); the architecture's tensor-core
