@@ -99,14 +99,13 @@ class PromptTokenizer:
             if key not in copies:
                 copies[key] = PromptTokenizer._copy(tokenizer, special_tokens_in_fields)
             tokenizer = copies[key]
-        if isinstance(tokenizer, PromptTokenizer):
-            self._backend = tokenizer._backend
-            self.special_ids = tokenizer.special_ids
-            self._specials = tokenizer._specials
-            self._special_re = tokenizer._special_re
-            self._controls = tokenizer._controls
-            self.prefix_ids = tokenizer.prefix_ids
-            self.seams = tokenizer.seams
+        self._backend = tokenizer._backend
+        self.special_ids = tokenizer.special_ids
+        self._specials = tokenizer._specials
+        self._special_re = tokenizer._special_re
+        self._controls = tokenizer._controls
+        self.prefix_ids = tokenizer.prefix_ids
+        self.seams = tokenizer.seams
 
     @classmethod
     def _copy(cls, tokenizer: Any, mode: SpecialTokensInFields) -> PromptTokenizer:
